@@ -57,6 +57,8 @@ class MscAdapter(Adapter):
         for k, file in files:
             for lineno, record in _read_jsonl(file, ledger):
                 source, where = str(file), f"line {lineno}"
+                for kind, n in _contents(record).items():
+                    ledger.saw(kind, n)
                 cid = record.get("initial_data_id")
                 if not isinstance(cid, str) or not cid:
                     ledger.reject(
@@ -129,8 +131,6 @@ def _session(
     """One session row and its bullets from an MSC record; bad turns/bullets are rejected one by one."""
     dialog = record.get("dialog")
     counts = _contents(record)
-    ledger.saw("turn", counts["turn"])
-    ledger.saw("bullet", counts["bullet"])
     where = f"{where} ({cid} session {k})"
     if not isinstance(dialog, list) or not dialog:
         ledger.reject(source=source, record=where, field="dialog", kind="session",
