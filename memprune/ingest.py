@@ -16,12 +16,28 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memprune.adapters import IngestError, get_adapter
 from memprune.io import JsonlSink, read_table, table_sink, write_json
 from memprune.rejects import Ledger
+
+
+class IngestConfig(BaseModel):
+    """Config of the ingest stage (`jobs/ingest.py`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: str
+    input: str
+    out: str
+    split: str | None = None
+
+
+def run(config: IngestConfig) -> dict[str, Any]:
+    """Run the ingest stage from its config."""
+    return ingest(config.format, config.input, config.out, split=config.split)
 
 
 class ConservationError(RuntimeError):

@@ -1,0 +1,12 @@
+"""Ray job: ingest a corpus.  python jobs/ingest.py configs/ingest-msc.yaml [key=value ...]"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importable under `ray job submit --working-dir .`
+
+from memprune.ingest import IngestConfig, run  # noqa: E402
+from memprune.jobrunner import run_job  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(run_job("ingest", IngestConfig, run))
