@@ -28,10 +28,15 @@ class Reject:
     value: str | None = None
 
 
+def _printable(text: str) -> str:
+    """`text` with anything not encodable as UTF-8 (lone surrogates) backslash-escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _short(value: Any) -> str | None:
     if value is None:
         return None
-    text = value if isinstance(value, str) else repr(value)
+    text = _printable(value if isinstance(value, str) else repr(value))
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "..."
 
 
@@ -77,7 +82,9 @@ class Ledger:
             self.rejected[k] += n
         self.reasons[reason] += 1
         if self.sink is not None:
-            self.sink.write(asdict(Reject(source, record, field, kind, reason, _short(value))))
+            reject = Reject(_printable(source), _printable(record), _printable(field), kind, _printable(reason),
+                            _short(value))
+            self.sink.write(asdict(reject))
 
     def imbalance(self) -> dict[str, dict[str, int]]:
         """Kinds whose seen count differs from written + rejected (empty when conservation holds)."""

@@ -22,7 +22,7 @@ from memprune.schema import validate_table
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
-WRONG_VALUES = [None, 7, -1, 2.5, True, "", "x", [], {}, [1, "a"], {"k": "v"}]
+WRONG_VALUES = [None, 7, -1, 2.5, True, "", "x", "\ud800 lone surrogate", [], {}, [1, "a"], {"k": "v"}]
 
 
 def canonical_conversation(cid: str) -> dict[str, Any]:
@@ -181,7 +181,7 @@ def test_jsonl_specific_rejects(tmp_path: Path) -> None:
     reasons = {(r["kind"], r["field"], r["reason"]) for r in rejects}
     assert ("evidence", "sessions[session_index=1].bullets[0].evidence[1]", "refers to no usable turn") in reasons
     assert ("bullet", "sessions[session_index=2].bullets[0].evidence", "no evidence turn resolves") in reasons
-    assert ("turn", "sessions[1].turns[0].text", "missing, empty or not a string") in reasons
+    assert ("turn", "sessions[1].turns[0].text", "empty text") in reasons
     assert ("conversation", "conversation_id", "duplicate conversation_id") in reasons
     assert any(r["kind"] == "conversation" and r["reason"].startswith("not valid UTF-8") and r["record"] == "line 3"
                for r in rejects)

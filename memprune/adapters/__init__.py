@@ -3,8 +3,9 @@
 An adapter is registered by name and yields one `Conversation` at a time (so ingest
 streams), calling `ledger.saw(kind)` for every input item it meets and
 `ledger.reject(...)` for every one it cannot use, with kinds among
-`conversation`, `session`, `turn`, `bullet`, `qa`. The ingest step counts what is
-written, so conservation (seen == written + rejected) is checked for every kind.
+`conversation`, `session`, `turn`, `bullet`, `qa` and `evidence` (one per evidence
+reference attached to a bullet or QA item). The ingest step counts what is written, so
+conservation (seen == written + rejected) is checked for every kind.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, ClassVar
 
 from memprune.rejects import Ledger
 
-KINDS = ("conversation", "session", "turn", "bullet", "qa")
+KINDS = ("conversation", "session", "turn", "bullet", "qa", "evidence")
 
 
 class IngestError(ValueError):
@@ -40,7 +41,39 @@ class Conversation:
             "turn": sum(len(s["turns"]) for s in self.sessions),
             "bullet": len(self.bullets),
             "qa": len(self.qa),
+            "evidence": sum(len(b["evidence"]) for b in self.bullets) + sum(len(q["evidence"]) for q in self.qa),
         }
+
+
+def json_type(value: Any) -> str:
+    """JSON type of a decoded value with its article ("an array", "a string", "null"), for messages."""
+    if value is None:
+        return "null"
+    kind = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__)
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def encodable(text: str) -> bool:
+    """Whether `text` can be written as UTF-8 (JSON escapes can produce lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def text_problem(name: str, value: Any, allow_empty: bool = False) -> str | None:
+    """Why `value` is not a usable text field called `name`, or None when it is."""
+    if value is None:
+        return f"missing {name}"
+    if not isinstance(value, str):
+        return f"{name} is {json_type(value)}, expected a string"
+    if not allow_empty and not value.strip():
+        return f"empty {name}"
+    if not encodable(value):
+        return f"{name} is not valid Unicode (lone surrogate escape)"
+    return None
 
 
 class Adapter(ABC):

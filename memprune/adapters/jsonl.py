@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memprune.adapters import Adapter, Conversation, IngestError, register
+from memprune.adapters import Adapter, Conversation, IngestError, json_type, register, text_problem
 from memprune.rejects import Ledger
 from memprune.schema import bullet_id, qa_id, turn_id
 
@@ -91,14 +91,14 @@ class _Record:
                         line[:80].decode("utf-8", "replace"))
             return None
         if not isinstance(obj, dict):
-            self.reject("", "conversation", f"a line must be a JSON object, got {type(obj).__name__}", obj)
+            self.reject("", "conversation", f"a line must be a JSON object, got {json_type(obj)}", obj)
             return None
         lost = _contents(obj)
         for kind, n in lost.items():
             self.ledger.saw(kind, n)
         cid = obj.get("conversation_id")
-        if not isinstance(cid, str) or not cid.strip():
-            self.reject("conversation_id", "conversation", "missing, empty or not a string", cid, lost)
+        if reason := text_problem("conversation_id", cid):
+            self.reject("conversation_id", "conversation", reason, cid, lost)
             return None
         self.record = f"line {self.lineno} ({cid})"
         if cid in seen_ids:
@@ -131,7 +131,7 @@ class _Record:
     def _session(self, cid, s_pos, session, conv, turn_refs, by_position, pending_bullets) -> None:
         field = f"sessions[{s_pos}]"
         if not isinstance(session, dict):
-            self.reject(field, "session", f"session is not an object ({type(session).__name__})", session)
+            self.reject(field, "session", f"session is {json_type(session)}, expected an object", session)
             return
         n_bullets = len(session["bullets"]) if isinstance(session.get("bullets"), list) else 0
         k = session.get("session_index", s_pos + 1)
@@ -144,8 +144,8 @@ class _Record:
                         {"turn": _len(session.get("turns")), "bullet": n_bullets})
             return
         time = session.get("time")
-        if time is not None and not isinstance(time, str):
-            self.reject(f"{field}.time", "session", "time is not a string", time,
+        if time is not None and (reason := text_problem("time", time, allow_empty=True)):
+            self.reject(f"{field}.time", "session", reason, time,
                         {"turn": _len(session.get("turns")), "bullet": n_bullets})
             return
         turns_in = session.get("turns")
@@ -160,14 +160,14 @@ class _Record:
             tfield = f"{field}.turns[{t_pos}]"
             positions.append(None)
             if not isinstance(turn, dict):
-                self.reject(tfield, "turn", f"turn is not an object ({type(turn).__name__})", turn)
+                self.reject(tfield, "turn", f"turn is {json_type(turn)}, expected an object", turn)
                 continue
             speaker, text, user_id = turn.get("speaker"), turn.get("text"), turn.get("id")
-            if not isinstance(speaker, str) or not speaker.strip():
-                self.reject(f"{tfield}.speaker", "turn", "missing, empty or not a string", speaker)
+            if reason := text_problem("speaker", speaker):
+                self.reject(f"{tfield}.speaker", "turn", reason, speaker)
                 continue
-            if not isinstance(text, str) or not text.strip():
-                self.reject(f"{tfield}.text", "turn", "missing, empty or not a string", text)
+            if reason := text_problem("text", text):
+                self.reject(f"{tfield}.text", "turn", reason, text)
                 continue
             if user_id is not None and (not isinstance(user_id, str) or user_id in turn_refs):
                 reason = "duplicate turn id" if isinstance(user_id, str) else "id is not a string"
@@ -197,14 +197,14 @@ class _Record:
     def _bullet(self, cid, k, b_pos, bullet, positions, turn_refs, conv) -> None:
         field = f"sessions[session_index={k}].bullets[{b_pos}]"
         if not isinstance(bullet, dict):
-            self.reject(field, "bullet", f"bullet is not an object ({type(bullet).__name__})", bullet)
+            self.reject(field, "bullet", f"bullet is {json_type(bullet)}, expected an object", bullet)
             return
         text, speaker = bullet.get("text"), bullet.get("speaker")
-        if not isinstance(text, str) or not text.strip():
-            self.reject(f"{field}.text", "bullet", "missing, empty or not a string", text)
+        if reason := text_problem("text", text):
+            self.reject(f"{field}.text", "bullet", reason, text)
             return
-        if speaker is not None and not isinstance(speaker, str):
-            self.reject(f"{field}.speaker", "bullet", "speaker is not a string", speaker)
+        if speaker is not None and (reason := text_problem("speaker", speaker)):
+            self.reject(f"{field}.speaker", "bullet", reason, speaker)
             return
         evidence = self._evidence(f"{field}.evidence", bullet.get("evidence"),
                                   lambda ref: positions[ref] if isinstance(ref, int) and not isinstance(ref, bool)
@@ -218,14 +218,16 @@ class _Record:
     def _qa(self, cid, q_pos, item, turn_refs, by_position, conv) -> None:
         field = f"qa[{q_pos}]"
         if not isinstance(item, dict):
-            self.reject(field, "qa", f"qa item is not an object ({type(item).__name__})", item)
+            self.reject(field, "qa", f"qa item is {json_type(item)}, expected an object", item)
             return
         question, answer, category = item.get("question"), item.get("answer"), item.get("category")
-        if not isinstance(question, str) or not question.strip():
-            self.reject(f"{field}.question", "qa", "missing, empty or not a string", question)
+        if reason := text_problem("question", question):
+            self.reject(f"{field}.question", "qa", reason, question)
             return
-        if answer is not None and not isinstance(answer, (str, int, float)):
-            self.reject(f"{field}.answer", "qa", "answer is not a string or number", answer)
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        if answer is not None and (reason := text_problem("answer", answer, allow_empty=True)):
+            self.reject(f"{field}.answer", "qa", reason, answer)
             return
         if category is not None and (isinstance(category, bool) or not isinstance(category, int)):
             self.reject(f"{field}.category", "qa", "category is not an integer", category)
@@ -243,7 +245,7 @@ class _Record:
             self.reject(f"{field}.evidence", "qa", "no evidence turn resolves", item.get("evidence"))
             return
         conv.qa.append({"qa_id": qa_id(cid, q_pos), "conversation_id": cid, "question": question,
-                        "answer": None if answer is None else str(answer), "evidence": evidence,
+                        "answer": answer, "evidence": evidence,
                         "category": category})
 
     def _evidence(self, field: str, refs: Any, resolve) -> list[str] | None:
@@ -260,7 +262,6 @@ class _Record:
                 self.reject(f"{field}[{i}]", "evidence", "duplicate evidence reference", ref)
             else:
                 out.append(tid)
-                self.ledger.wrote("evidence")
         return out or None
 
 

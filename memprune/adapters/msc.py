@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memprune.adapters import Adapter, Conversation, IngestError, register
+from memprune.adapters import Adapter, Conversation, IngestError, json_type, register, text_problem
 from memprune.rejects import Ledger
 from memprune.schema import bullet_id, turn_id
 
@@ -113,7 +113,7 @@ def _read_jsonl(file: Path, ledger: Ledger) -> Iterator[tuple[int, dict[str, Any
             continue
         if not isinstance(obj, dict):
             ledger.reject(source=str(file), record=f"line {lineno}", field="", kind="session",
-                          reason=f"a line must be a JSON object, got {type(obj).__name__}", value=obj)
+                          reason=f"a line must be a JSON object, got {json_type(obj)}", value=obj)
             continue
         yield lineno, obj
 
@@ -134,7 +134,7 @@ def _session(
     where = f"{where} ({cid} session {k})"
     if not isinstance(dialog, list) or not dialog:
         ledger.reject(source=source, record=where, field="dialog", kind="session",
-                      reason="missing or empty dialog" if not dialog else "dialog is not a list",
+                      reason="missing or empty dialog" if not dialog else f"dialog is {json_type(dialog)}, expected an array",
                       value=dialog, lost=counts)
         return None
     turns: list[dict[str, Any]] = []
@@ -144,15 +144,15 @@ def _session(
         field = f"dialog[{i}]"
         if not isinstance(turn, dict):
             ledger.reject(source=source, record=where, field=field, kind="turn",
-                          reason=f"turn is not an object ({type(turn).__name__})", value=turn)
+                          reason=f"turn is {json_type(turn)}, expected an object", value=turn)
             continue
         persona = turn.get("persona_text")
         speaker, text = turn.get("id"), turn.get("text")
         problem = None
-        if not isinstance(speaker, str) or not speaker:
-            problem = ("id", "speaker id missing or not a string", speaker)
-        elif not isinstance(text, str) or not text.strip():
-            problem = ("text", "text missing, empty or not a string", text)
+        if reason := text_problem("speaker id", speaker):
+            problem = ("id", reason, speaker)
+        elif reason := text_problem("text", text):
+            problem = ("text", reason, text)
         if problem is not None:
             ledger.reject(source=source, record=where, field=f"{field}.{problem[0]}", kind="turn",
                           reason=problem[1], value=problem[2], lost={"bullet": 1} if persona else None)
@@ -163,10 +163,11 @@ def _session(
             speakers.append(speaker)
         if not persona:
             continue
-        if not isinstance(persona, str):
+        if reason := text_problem("persona_text", persona):
             ledger.reject(source=source, record=where, field=f"{field}.persona_text", kind="bullet",
-                          reason="persona_text is not a string", value=persona)
+                          reason=reason, value=persona)
             continue
+        ledger.saw("evidence")
         bullets.append({
             "bullet_id": bullet_id(cid, k, i),  # one bullet per turn: the turn's position is its index
             "conversation_id": cid,
