@@ -73,13 +73,94 @@ def synth(
     sessions: int = typer.Option(4, "--sessions", "-s", min=2, help="Sessions per conversation."),
     out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
     seed: int = typer.Option(0, "--seed", help="Random seed; same seed, same corpus."),
+    facts: int = typer.Option(6, "--facts", min=1, max=20, help="Durable facts in each speaker's persona."),
+    oneoffs: int = typer.Option(2, "--oneoffs", min=0, help="Mean one-off remarks per speaker per session."),
+    mention_prob: float = typer.Option(0.35, "--mention-prob", min=0.0, max=1.0,
+                                       help="Chance a known fact is restated in an intermediate session."),
 ) -> None:
     """Generate a synthetic multi-session corpus whose bullets know whether they recur."""
     from memprune.synth import generate
 
-    summary = generate(conversations=conversations, sessions=sessions, out=out, seed=seed)
+    try:
+        summary = generate(conversations=conversations, sessions=sessions, out=out, seed=seed, facts_per_speaker=facts,
+                           oneoffs_per_session=oneoffs, mention_prob=mention_prob, progress=sys.stderr.isatty())
+    except ValueError as exc:
+        fail(str(exc))
     console.print(json.dumps(summary["counts"]), highlight=False)
 
+
+@app.command()
+def evaluate(
+    run: Path = typer.Option(..., "--run", help="Run directory with <stage>/seed<k>/predictions.parquet."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory for metrics.json, report.md and figures."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Corpus dir (`memprune ingest`): token counts, QA retention."),
+    tokenizer: str = typer.Option("minilm", "--tokenizer", help="Token unit: minilm, whitespace, or a tokenizer.json path."),
+    threshold: float = typer.Option(0.5, "--threshold", help="Pruning threshold of the main pruning table."),
+    top_k: int = typer.Option(5, "--top-k", min=0, help="Pruning top-k of the threshold sweep (0 = no cap)."),
+    relevance: float = typer.Option(0.5, "--relevance-threshold", help="Relevant = label >= this (Precision/Recall@k)."),
+    validation: bool = typer.Option(False, "--validation", help="Also evaluate the validation split."),
+    qa_draws: int = typer.Option(1000, "--qa-draws", min=1, help="Random-pruning draws of the QA baseline."),
+    figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the PNG figures."),
+) -> None:
+    """Metrics, significance, pruning view and QA-evidence retention of a trained run."""
+    from memprune.evaluate import EvalConfig, EvaluationError, evaluate_run
+    from memprune.schema import SchemaError
+
+    try:
+        cfg = EvalConfig(
+            prune_threshold=threshold, prune_top_k=top_k or None, relevance_threshold=relevance,
+            splits=("test", "validation") if validation else ("test",), tokenizer=tokenizer,
+            qa_draws=qa_draws, figures=figures,
+        )
+        result = evaluate_run(run, out, data_dir=data, config=cfg)
+    except (EvaluationError, SchemaError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    console.print(f"evaluated {', '.join(result['splits']['test']['stages'])} -> {result['outputs']['report']}",
+                  highlight=False)
+
+
+@app.command()
+def label(
+    data: Path = typer.Option(..., "--data", "-d", help="Directory with sessions.parquet and bullets.parquet."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory (pairs/labels.parquet, label.json)."),
+    judge: str = typer.Option("similarity", "--judge", help="llm (the paper's judge) or similarity (a CPU proxy)."),
+    speaker: str = typer.Option("all", "--speaker", help="Target turns: all, same or other speaker than the bullet's."),
+    context: int = typer.Option(4, "--context", min=0, help="Turns of dialogue context before each target (llm)."),
+    horizon: int = typer.Option(1, "--horizon", min=1, help="Sessions ahead that give credit (1 = next only)."),
+    decay: float = typer.Option(0.5, "--decay", help="A score h sessions ahead counts score * decay**(h-1)."),
+    aggregation: str = typer.Option("max", "--aggregation", help="Label per bullet: max (default) or mean."),
+    shard_size: Optional[int] = typer.Option(None, "--shard-size", min=1, help="Texts (similarity) / pairs (llm) per shard."),
+    model: Optional[str] = typer.Option(None, "--model", help="similarity: encoder path or hub id."),
+    executor: str = typer.Option("local", "--executor", help="similarity: local (in-process) or ray (actor pool)."),
+    llm_config: Optional[Path] = typer.Option(None, "--llm-config", help="llm: YAML file of the LLM config."),
+    llm_set: list[str] = typer.Option([], "--llm-set", help="llm: key=value override of the LLM config (repeatable)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A label YAML config; options given here override it."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
+) -> None:
+    """Judge bullet x next-session turn pairs and write pseudo labels (resumable: rerun to resume)."""
+    from pydantic import ValidationError
+
+    from memprune.label import LabelError, load_config, run_label
+    from memprune.schema import SchemaError
+
+    sets = [f"data={data}", f"out={out}", f"judge={judge}", f"speaker={speaker}", f"context_turns={context}",
+            f"horizon={horizon}", f"decay={decay}", f"aggregation={aggregation}", f"similarity.executor={executor}",
+            f"progress={not no_progress}"]
+    sets += [f"shard_size={shard_size}"] if shard_size is not None else []
+    sets += [f"similarity.model={model}"] if model is not None else []
+    sets += [f"llm_config={llm_config}"] if llm_config is not None else []
+    sets += [f"llm_overrides={json.dumps(list(llm_set))}"] if llm_set else []
+    try:
+        summary = run_label(load_config(config, sets))
+    except (LabelError, SchemaError, FileNotFoundError, ValidationError) as exc:
+        fail(str(exc))
+    c, t = summary["counts"], summary["throughput"]
+    console.print(
+        f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {c['pairs']} pairs "
+        f"({c['pairs_error']} errors, {c['bullets_unlabelled']} unlabelled) with {summary['judge']}; "
+        f"{t['pairs_per_s']} pairs/s, {t['wall_s']} s -> {out}",
+        highlight=False,
+    )
 
 if __name__ == "__main__":  # pragma: no cover
     app()

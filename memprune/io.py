@@ -90,6 +90,12 @@ class TableSink:
         for row in rows:
             self.write(row)
 
+    def write_table(self, table: pa.Table) -> None:
+        """Append a whole batch already in this sink's schema as one row group (no per-row dicts)."""
+        self.flush()
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
     def flush(self) -> None:
         if self._buffer:
             self._writer.write_table(pa.Table.from_pylist(self._buffer, schema=self.schema))
