@@ -121,44 +121,43 @@ def evaluate(
 
 @app.command()
 def label(
-    data: Path = typer.Option(..., "--data", "-d", help="Directory with sessions.parquet and bullets.parquet."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory (pairs/labels.parquet, label.json)."),
-    judge: str = typer.Option("similarity", "--judge", help="llm (the paper's judge) or similarity (a CPU proxy)."),
-    speaker: str = typer.Option("all", "--speaker", help="Target turns: all, same or other speaker than the bullet's."),
-    context: int = typer.Option(4, "--context", min=0, help="Turns of dialogue context before each target (llm)."),
-    horizon: int = typer.Option(1, "--horizon", min=1, help="Sessions ahead that give credit (1 = next only)."),
-    decay: float = typer.Option(0.5, "--decay", help="A score h sessions ahead counts score * decay**(h-1)."),
-    aggregation: str = typer.Option("max", "--aggregation", help="Label per bullet: max (default) or mean."),
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Directory with sessions.parquet and bullets.parquet."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (pairs/labels.parquet, label.json)."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="llm (the paper's judge) or similarity (a CPU proxy; default)."),
+    speaker: Optional[str] = typer.Option(None, "--speaker", help="Target turns: all (default), same or other speaker than the bullet's."),
+    context: Optional[int] = typer.Option(None, "--context", min=0, help="Turns of dialogue context before each target (llm; default 4)."),
+    horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Sessions ahead that give credit (default 1 = next only)."),
+    decay: Optional[float] = typer.Option(None, "--decay", help="A score h sessions ahead counts score * decay**(h-1) (default 0.5)."),
+    aggregation: Optional[str] = typer.Option(None, "--aggregation", help="Label per bullet: max (default) or mean."),
     shard_size: Optional[int] = typer.Option(None, "--shard-size", min=1, help="Texts (similarity) / pairs (llm) per shard."),
     model: Optional[str] = typer.Option(None, "--model", help="similarity: encoder path or hub id."),
-    executor: str = typer.Option("local", "--executor", help="similarity: local (in-process) or ray (actor pool)."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="similarity: local (in-process, default) or ray."),
     llm_config: Optional[Path] = typer.Option(None, "--llm-config", help="llm: YAML file of the LLM config."),
-    llm_set: list[str] = typer.Option([], "--llm-set", help="llm: key=value override of the LLM config (repeatable)."),
+    llm_set: Optional[list[str]] = typer.Option(None, "--llm-set", help="llm: key=value override of the LLM config (repeatable)."),
     config: Optional[Path] = typer.Option(None, "--config", help="A label YAML config; options given here override it."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
 ) -> None:
     """Judge bullet x next-session turn pairs and write pseudo labels (resumable: rerun to resume)."""
-    from pydantic import ValidationError
-
-    from memprune.label import LabelError, load_config, run_label
+    from memprune.config import ConfigError
+    from memprune.label import LabelError, load_label_config, run_label
     from memprune.schema import SchemaError
 
-    sets = [f"data={data}", f"out={out}", f"judge={judge}", f"speaker={speaker}", f"context_turns={context}",
-            f"horizon={horizon}", f"decay={decay}", f"aggregation={aggregation}", f"similarity.executor={executor}",
-            f"progress={not no_progress}"]
-    sets += [f"shard_size={shard_size}"] if shard_size is not None else []
-    sets += [f"similarity.model={model}"] if model is not None else []
-    sets += [f"llm_config={llm_config}"] if llm_config is not None else []
-    sets += [f"llm_overrides={json.dumps(list(llm_set))}"] if llm_set else []
+    given = {"data": data, "out": out, "judge": judge, "speaker": speaker, "context_turns": context,
+             "horizon": horizon, "decay": decay, "aggregation": aggregation, "shard_size": shard_size,
+             "similarity.model": model, "similarity.executor": executor, "llm_config": llm_config,
+             "llm_overrides": list(llm_set) if llm_set else None}
+    values = {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None}
+    if no_progress:
+        values["progress"] = False
     try:
-        summary = run_label(load_config(config, sets))
-    except (LabelError, SchemaError, FileNotFoundError, ValidationError) as exc:
+        summary = run_label(load_label_config(config, values=values))
+    except (LabelError, ConfigError, SchemaError, FileNotFoundError) as exc:
         fail(str(exc))
     c, t = summary["counts"], summary["throughput"]
     console.print(
         f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {c['pairs']} pairs "
         f"({c['pairs_error']} errors, {c['bullets_unlabelled']} unlabelled) with {summary['judge']}; "
-        f"{t['pairs_per_s']} pairs/s, {t['wall_s']} s -> {out}",
+        f"{t['pairs_per_s']} pairs/s, {t['wall_s']} s -> {summary['config']['out']}",
         highlight=False,
     )
 

@@ -1,0 +1,388 @@
+"""The evaluation report: Markdown tables and matplotlib figures, built from metrics.json alone.
+
+Because the report reads only the metrics dict, it can be regenerated from a saved
+metrics.json (`write_report(json.load(...), out_dir)`). Figures use the Agg canvas
+directly (no pyplot state), so this works headless and in worker processes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from memprune.io import atomic_path
+
+STAGE_LABELS = {"vanilla": "Vanilla", "stage1": "Stage 1", "stage2": "Stage 2"}
+REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",
+                     "spearman": "Spearman (global) ↑"}
+FIGURES = ("ranking_vs_k.png", "reduction_vs_threshold.png", "score_histogram.png", "calibration.png")
+
+
+def stage_label(stage: str) -> str:
+    """Display name of a stage directory name."""
+    return STAGE_LABELS.get(stage, stage)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A number for a table cell; missing or undefined values print as an em dash."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def fmt_p(p: Any) -> str:
+    """A p-value: 3 significant digits, scientific below 0.001."""
+    if p is None:
+        return "—"
+    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
+
+
+def mean_std(entry: dict[str, Any] | None, digits: int = 4) -> str:
+    """'mean ± std' of an aggregated entry ('mean' alone with one seed)."""
+    if not entry:
+        return "—"
+    if entry.get("std") is None:
+        return fmt(entry.get("mean"), digits)
+    return f"{fmt(entry['mean'], digits)} ± {fmt(entry['std'], digits)}"
+
+
+def stars(p: Any) -> str:
+    """'***' p < 0.001, '**' p < 0.01, '*' p < 0.05, '' otherwise."""
+    if p is None:
+        return ""
+    return "***" if p < 1e-3 else "**" if p < 1e-2 else "*" if p < 0.05 else ""
+
+
+def test_p(entry: dict[str, Any] | None) -> Any:
+    """The p-value behind a table marker: the Wilcoxon test over sessions, else the paired seed test."""
+    if not entry:
+        return None
+    w = entry.get("wilcoxon")
+    if w is not None:
+        return w.get("p")
+    return (entry.get("seed_ttest") or {}).get("p")
+
+
+def _marker(split: dict[str, Any], family: str, metric: str, stage: str, baseline: str) -> str:
+    sig = split.get("significance", {})
+    out = ""
+    vs_base = sig.get(f"{stage}_vs_{baseline}")
+    if vs_base:
+        out += stars(test_p(vs_base[family].get(metric)))
+    if stage == "stage2" and "stage2_vs_stage1" in sig:
+        p = test_p(sig["stage2_vs_stage1"][family].get(metric))
+        if p is not None and p < 0.05:
+            out += "†"
+    return out
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def quality_tables(split: dict[str, Any], baseline: str, ks: Sequence[int]) -> list[str]:
+    """Regression and session-ranking tables (mean ± std over seeds, with significance markers)."""
+    stages = split["stages"]
+    agg = split["aggregate"]
+    header = ["Metric", *[f"{stage_label(s)} (n={agg[s]['n_seeds']})" for s in stages]]
+    lines = ["**Global regression** (all bullets)", ""]
+    rows = []
+    for m, label in REGRESSION_LABELS.items():
+        rows.append([label, *[mean_std(agg[s]["regression"][m]) + _marker(split, "regression", m, s, baseline)
+                              for s in stages]])
+    lines += _table(header, rows)
+    lines += ["", "**Session-level ranking** (per session, then averaged; higher is better)", ""]
+    rows = []
+    first = agg[stages[0]]["ranking"]
+    for m in first:
+        rows.append([_metric_label(m), str(first[m].get("n_sessions", "—")),
+                     *[mean_std(agg[s]["ranking"][m]) + _marker(split, "ranking", m, s, baseline) for s in stages]])
+    lines += _table(["Metric", "sessions", *header[1:]], rows)
+    return lines
+
+
+def _metric_label(m: str) -> str:
+    family, _, k = m.partition("@")
+    names = {"spearman": "Spearman (session)", "ndcg": "NDCG", "hit": "Hit", "precision": "Precision", "recall": "Recall"}
+    return names.get(family, family) + (f"@{k}" if k else "")
+
+
+def significance_table(split: dict[str, Any]) -> list[str]:
+    """One row per metric: difference of means and both p-values for every comparison."""
+    sig = split.get("significance", {})
+    if not sig:
+        return ["No comparison: the run has no baseline stage to compare against."]
+    names = list(sig)
+    header = ["Metric"]
+    for n in names:
+        a, b = stage_label(sig[n]["stage"]), stage_label(sig[n]["reference"])
+        header += [f"Δ {a} − {b}", f"p Wilcoxon (sessions)", f"p paired t (seeds)"]
+    rows = []
+    for family in ("regression", "ranking"):
+        for m in sig[names[0]][family]:
+            label = (REGRESSION_LABELS[m] if family == "regression" else _metric_label(m))
+            row = [label]
+            for n in names:
+                e = sig[n][family][m]
+                w, t = e.get("wilcoxon"), e.get("seed_ttest") or {}
+                row += [
+                    fmt(e.get("diff")),
+                    "n/a" if w is None else f"{fmt_p(w.get('p'))} (n={w.get('n_sessions')})",
+                    f"{fmt_p(t.get('p'))} (n={t.get('n_seeds')})",
+                ]
+            rows.append(row)
+    return _table(header, rows)
+
+
+def per_seed_table(split: dict[str, Any], ks: Sequence[int]) -> list[str]:
+    """Every seed's main numbers (the paper's per-seed appendix table)."""
+    k = max(ks)
+    cols = ["mse", "mae", "rmse", "pearson", "spearman"]
+    rcols = ["spearman", f"ndcg@{k}", f"hit@{k}", f"precision@{k}", f"recall@{k}"]
+    header = ["Stage", "Seed", "bullets", *[REGRESSION_LABELS[c] for c in cols],
+              *[_metric_label(c) for c in rcols]]
+    rows = []
+    for s in split["stages"]:
+        for seed, r in split["per_seed"][s].items():
+            rows.append([stage_label(s), seed, str(r["n_bullets"]), *[fmt(r["regression"][c]) for c in cols],
+                         *[fmt(r["ranking"][c]["mean"]) for c in rcols]])
+    return _table(header, rows)
+
+
+def sessions_used_table(split: dict[str, Any]) -> list[str]:
+    """How many sessions each ranking metric used and why the others were left out."""
+    first = split["aggregate"][split["stages"][0]]["ranking"]
+    rows = []
+    for m, e in first.items():
+        excl = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in (e.get("excluded_by") or {}).items()) or "none"
+        rows.append([_metric_label(m), str(e.get("n_sessions")), excl])
+    return _table(["Metric", "sessions used", "left out (reason: count)"], rows)
+
+
+def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
+    """Bullets/tokens per session before and after pruning and what is lost, per stage and setting."""
+    has_tokens = any("tokens_before" in split["aggregate"][s]["pruning"][names[0]] for s in split["stages"])
+    header = ["Stage", "threshold", "top-k", "bullets/session before", "after", "reduction %"]
+    if has_tokens:
+        header += ["tokens/session before", "after", "token reduction %"]
+    header += ["relevant kept %", "label mass kept %", "sessions emptied %"]
+    rows = []
+    for s in split["stages"]:
+        for n in names:
+            e = split["aggregate"][s]["pruning"][n]
+            row = [stage_label(s), fmt(e["threshold"], 1), "all" if e["top_k"] is None else str(e["top_k"]),
+                   fmt(e["bullets_before"]["mean"], 2), mean_std(e["bullets_after"], 2),
+                   mean_std(e["bullet_reduction_pct"], 1)]
+            if has_tokens:
+                row += [fmt(e["tokens_before"]["mean"], 1), mean_std(e["tokens_after"], 1),
+                        mean_std(e["token_reduction_pct"], 1)]
+            row += [mean_std(e["relevant_kept_pct"], 1), mean_std(e["label_mass_kept_pct"], 1),
+                    mean_std(e["sessions_emptied_pct"], 1)]
+            rows.append(row)
+    return _table(header, rows)
+
+
+def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
+    """Share of QA-evidence bullets kept: the model against random same-size and most-recent pruning."""
+    header = ["Stage", "threshold", "top-k", "bullets kept %", "cited kept % (model)",
+              "random same size % (mean ± std over draws)", "random 95% interval", "most recent %"]
+    rows = []
+    for s in split["stages"]:
+        for n in names:
+            e = split["aggregate"][s]["pruning"][n]
+            q = e["qa"]
+            kept = 100.0 - e["bullet_reduction_pct"]["mean"] if e["bullet_reduction_pct"]["mean"] is not None else None
+            rows.append([
+                stage_label(s), fmt(e["threshold"], 1), "all" if e["top_k"] is None else str(e["top_k"]),
+                fmt(kept, 1), mean_std(q["model_pct"], 1),
+                f"{fmt(q['random_mean_pct']['mean'], 1)} ± {fmt(q['random_std_pct']['mean'], 1)}",
+                f"[{fmt(q['random_p2_5_pct']['mean'], 1)}, {fmt(q['random_p97_5_pct']['mean'], 1)}]",
+                mean_std(q["recency_pct"], 1),
+            ])
+    return _table(header, rows)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def _save(fig: Any, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+
+
+def _new_figure(w: float, h: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h))
+
+
+def figure_ranking_vs_k(split: dict[str, Any], ks: Sequence[int], path: Path) -> None:
+    """NDCG, Hit, Precision and Recall against k per stage, error bars = std over seeds (paper Fig. 4)."""
+    fig = _new_figure(12, 3.2)
+    for i, family in enumerate(("ndcg", "hit", "precision", "recall")):
+        ax = fig.add_subplot(1, 4, i + 1)
+        for s in split["stages"]:
+            r = split["aggregate"][s]["ranking"]
+            means = [_nan(r[f"{family}@{k}"]["mean"]) for k in ks]
+            stds = [_nan(r[f"{family}@{k}"]["std"], 0.0) for k in ks]
+            ax.errorbar(list(ks), means, yerr=stds, marker="o", capsize=3, label=stage_label(s))
+        ax.set_title(f"{_metric_label(family)}@k")
+        ax.set_xlabel("k")
+        ax.set_xticks(list(ks))
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def figure_reduction(split: dict[str, Any], thresholds: Sequence[float], top_k: int | None, path: Path) -> None:
+    """Bullet reduction and relevant bullets kept against the threshold, per stage, top-k capped and not."""
+    fig = _new_figure(10, 3.6)
+    axes = [fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)]
+    caps = [top_k, None] if top_k is not None else [None]
+    colors = {}
+    for s in split["stages"]:
+        for cap in caps:
+            pr = split["aggregate"][s]["pruning"]
+            names = [f"t{t:g}_k{'all' if cap is None else cap}" for t in thresholds]
+            style = "-" if cap is not None else "--"
+            cap_label = f"top-{cap}" if cap is not None else "no top-k"
+            for ax, key in zip(axes, ("bullet_reduction_pct", "relevant_kept_pct")):
+                ys = [_nan(pr[n][key]["mean"]) for n in names]
+                line = ax.plot(list(thresholds), ys, style, marker=".", color=colors.get(s),
+                               label=f"{stage_label(s)}, {cap_label}")[0]
+                colors[s] = line.get_color()
+    axes[0].set_ylabel("bullet reduction %")
+    axes[1].set_ylabel("relevant bullets kept %")
+    for ax in axes:
+        ax.set_xlabel("threshold")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    _save(fig, path)
+
+
+def figure_histograms(split: dict[str, Any], path: Path) -> None:
+    """Predicted-score histogram per stage (pooled over seeds), beside the label histogram."""
+    stages = split["stages"]
+    fig = _new_figure(3.2 * (len(stages) + 1), 3.0)
+    panels = [(stage_label(s), split["aggregate"][s]["score_histogram"]) for s in stages]
+    panels.append(("labels", split["label_histogram"]))
+    for i, (title, h) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        edges, counts = h["edges"], h["counts"]
+        ax.bar(edges[:-1], counts, width=[b - a for a, b in zip(edges[:-1], edges[1:])], align="edge",
+               color="tab:gray" if title == "labels" else None, edgecolor="white")
+        ax.set_title(title if title == "labels" else f"{title} scores")
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("value")
+    _save(fig, path)
+
+
+def figure_calibration(split: dict[str, Any], path: Path) -> None:
+    """Mean label per predicted-score bin, per stage, against the diagonal of perfect calibration."""
+    fig = _new_figure(4.5, 4.2)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1], ":", color="gray", label="perfect")
+    for s in split["stages"]:
+        bins = split["aggregate"][s]["calibration"]
+        ax.plot([b["mean_score"] for b in bins], [b["mean_label"] for b in bins], marker="o", label=stage_label(s))
+    ax.set_xlabel("mean predicted score (bin)")
+    ax.set_ylabel("mean label")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _nan(v: Any, default: float = math.nan) -> float:
+    return default if v is None else float(v)
+
+
+# ---------------------------------------------------------------- the document
+
+
+def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = True) -> Path:
+    """Write OUT/report.md (and the PNG figures of the test split); return the report path."""
+    out = Path(out_dir)
+    cfg = metrics["config"]
+    ks, baseline = cfg["ks"], cfg["baseline"]
+    table_names = [f"t{cfg['prune_threshold']:g}_k{k}" for k in (*ks, "all")]
+    cap = cfg["prune_top_k"]
+    sweep_names = [f"t{t:g}_k{'all' if cap is None else cap}" for t in cfg["thresholds"]]
+
+    lines = ["# memprune evaluation report", ""]
+    lines += [f"- Run: `{metrics['run_dir']}`", f"- Corpus: `{metrics['data_dir']}`" if metrics["data_dir"] else
+              "- Corpus: not given (no token counts, no QA section)"]
+    if metrics.get("tokenizer"):
+        lines.append(f"- Token unit: {metrics['tokenizer']}")
+    p = metrics["predictions"]
+    rejected = sum(p["rejected"].values())
+    lines.append(f"- Prediction rows: {sum(p['seen'].values())} read, {rejected} rejected"
+                 + (" (see rejects.jsonl)" if rejected else ""))
+    lines.append(f"- Relevant: label >= {cfg['relevance_threshold']}; pruning: score >= threshold, then top-k per session")
+    lines += [f"- Note: {note}" for note in metrics.get("notes", [])]
+    lines.append("")
+
+    for split_name, split in metrics["splits"].items():
+        main = split_name == "test"
+        seeds = ", ".join(f"{stage_label(s)}: {len(v)}" for s, v in split["seeds"].items())
+        lines += [f"## {'Test' if main else split_name.capitalize()} split", "",
+                  f"{split['n_bullets']} bullets in {split['n_sessions']} sessions; "
+                  f"{100 * (split['relevant_share'] or 0):.1f}% relevant. Seeds per stage: {seeds}.", ""]
+        for note in split.get("notes", []):
+            lines += [f"> Note: {note}", ""]
+        lines += [f"### Scorer quality (mean ± std over seeds){' — the paper’s Tables 2 and 3' if main else ''}", ""]
+        lines += quality_tables(split, baseline, ks)
+        lines += ["", f"Markers: `*` p < 0.05, `**` p < 0.01, `***` p < 0.001 against {stage_label(baseline)}; "
+                  "`†` Stage 2 against Stage 1 at p < 0.05. The marker uses the two-sided Wilcoxon signed-rank "
+                  "test over sessions (per-session value averaged over seeds) where the metric exists per "
+                  "session, else the paired t-test over seeds (global Pearson, Spearman). Uncorrected for "
+                  "multiple comparisons.", ""]
+        if not main:
+            continue
+        lines += ["### Significance", ""] + significance_table(split) + [""]
+        lines += ["### Sessions used per ranking metric", ""] + sessions_used_table(split) + [""]
+        lines += ["### Per seed", ""] + per_seed_table(split, ks) + [""]
+        lines += [f"### Pruning at threshold {cfg['prune_threshold']} — the paper’s Table 4", ""]
+        lines += pruning_table(split, table_names) + [""]
+        lines += [f"### Threshold sensitivity (top-k {cap if cap is not None else 'none'})", ""]
+        lines += pruning_table(split, sweep_names) + [""]
+        if "qa" in split:
+            q = split["qa"]
+            lines += ["### QA-evidence retention (external check)", "",
+                      f"{q['n_qa']} QA items ({q['n_qa_without_evidence']} without evidence); "
+                      f"{q['n_cited_bullets']} of {split['n_bullets']} bullets "
+                      f"({100 * (q['cited_share'] or 0):.1f}%) are cited: one of their evidence turns is evidence "
+                      f"of a QA item. Random pruning keeps the same number of bullets per session "
+                      f"({q['draws']} draws); 'most recent' keeps that many bullets with the latest evidence "
+                      f"turn ({q['recency_source']}). Model and most-recent columns: mean ± std over seeds; random columns: "
+                      f"the per-seed mean, std and 95% interval over draws, averaged over seeds.", ""]
+            lines += qa_table(split, table_names) + [""]
+            lines += qa_table(split, sweep_names) + [""]
+        if figures:
+            figure_ranking_vs_k(split, ks, out / "ranking_vs_k.png")
+            figure_reduction(split, cfg["thresholds"], cap, out / "reduction_vs_threshold.png")
+            figure_histograms(split, out / "score_histogram.png")
+            figure_calibration(split, out / "calibration.png")
+            lines += ["### Figures", "",
+                      "Ranking metrics against k (the paper’s Figure 4):", "", "![ranking vs k](ranking_vs_k.png)", "",
+                      "Reduction and relevant bullets kept against the threshold:", "",
+                      "![reduction vs threshold](reduction_vs_threshold.png)", "",
+                      "Score histograms per stage (pooled over seeds) and the labels:", "",
+                      "![score histogram](score_histogram.png)", "",
+                      "Calibration (mean label per predicted-score bin):", "", "![calibration](calibration.png)", ""]
+    path = out / "report.md"
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
