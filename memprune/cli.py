@@ -161,5 +161,97 @@ def label(
         highlight=False,
     )
 
+
+@app.command()
+def summarize(
+    data: Path = typer.Option(..., "--data", "-d", help="Directory with sessions.parquet."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory (bullets/summaries/sessions.parquet, summarize.json)."),
+    llm: Path = typer.Option(..., "--llm", help="YAML file of the LLM config (see configs/llm/)."),
+    llm_set: Optional[list[str]] = typer.Option(None, "--set", help="key=value override of the LLM config (repeatable)."),
+    chunk_sessions: int = typer.Option(2048, "--chunk-sessions", min=1, help="Sessions per resumable chunk."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N sessions (a trial run)."),
+) -> None:
+    """Summarize each session into memory bullets citing their turns (resumable: rerun to resume)."""
+    from memprune.config import ConfigError
+    from memprune.llm import LLMConfig, LLMError, PromptError
+    from memprune.schema import SchemaError
+    from memprune.summarize import SummarizeError, summarize as run_summarize
+
+    try:
+        summary = run_summarize(data, out, LLMConfig.from_yaml(llm, llm_set), chunk_sessions=chunk_sessions,
+                                limit=limit)
+    except (SummarizeError, ConfigError, SchemaError, LLMError, PromptError, FileNotFoundError) as exc:
+        fail(str(exc))
+    c = summary["counts"]
+    console.print(
+        f"summarized {c['sessions_ok']}/{c['sessions']} sessions into {c['bullets']} bullets "
+        f"({c['sessions_error']} errors, {c['evidence_dropped']} evidence ids dropped) with {summary['llm']} -> {out}",
+        highlight=False,
+    )
+
+@app.command()
+def train(
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
+    labels: Optional[Path] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet (`memprune label`)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: <stage>/seed<k>/, run.json, train.md."),
+    stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of vanilla,stage1,stage2 (default all)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma list of seeds (default 0,1,2)."),
+    encoder: Optional[str] = typer.Option(None, "--encoder", help="Encoder path or hub id (default local all-MiniLM-L6-v2)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=0, help="Ray Train workers per trainer (0 = local mode)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A train YAML config; options given here override it."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="key=value override, e.g. stage1.epochs=20 (repeatable)."),
+) -> None:
+    """Train the scorer stages (vanilla, stage 1, stage 2) over seeds on Ray Train (rerun to resume)."""
+    from memprune.config import ConfigError
+    from memprune.schema import SchemaError
+    from memprune.scorer import ScorerError
+    from memprune.splits import SplitError
+    from memprune.train import TrainError, load_train_config, run_training
+
+    given = {"data": data, "labels": labels, "out": out, "encoder": encoder, "ray.num_workers": workers,
+             "stages": [s.strip() for s in stages.split(",") if s.strip()] if stages else None}
+    try:
+        if seeds:
+            given["seeds"] = [int(s) for s in seeds.split(",") if s.strip()]
+        values = {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None}
+        summary = run_training(load_train_config(config, list(set_ or []), values))
+    except (TrainError, ConfigError, SchemaError, ScorerError, SplitError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    for stage, entry in summary["stage_summary"].items():
+        mse = entry.get("val_mse", {})
+        console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"
+                      f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
+    console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
+
+
+@app.command()
+def prune(
+    scorer: Path = typer.Option(..., "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
+    input: Path = typer.Option(..., "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or corpus dir."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output dir: pruned/ (store + score, keep), prune.json, prune.md."),
+    threshold: float = typer.Option(0.5, "--threshold", help="Drop bullets scored below this."),
+    top_k: int = typer.Option(5, "--top-k", min=0, help="Keep at most k per group (0 = no cap)."),
+    group_by: str = typer.Option("session", "--group-by", help="Group: session, conversation or speaker."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/prune-*.yaml); flags win."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Extra config key=value (batch_size=256, actors=2, ...)."),
+) -> None:
+    """Score a bullets store with a trained scorer on Ray Data and prune it (threshold, then top-k per group)."""
+    from memprune.config import ConfigError, load_config
+    from memprune.prune import PruneConfig, PruneError, run_prune
+
+    flags = [f"scorer={scorer}", f"input={input}", f"out={out}", f"threshold={threshold}",
+             f"top_k={top_k if top_k else 'null'}", f"group_by={group_by}"]
+    try:
+        cfg = load_config(config, [*(set_ or []), *flags], PruneConfig)
+        summary = run_prune(cfg)
+    except (ConfigError, PruneError, FileNotFoundError) as exc:
+        fail(str(exc))
+    r = summary["result"]
+    console.print(
+        f"kept {r['bullets_after']:.2f} of {r['bullets_before']:.2f} bullets per {group_by} "
+        f"(-{r['bullet_reduction_pct'] or 0:.1f}% bullets, -{r['token_reduction_pct'] or 0:.1f}% tokens) -> {out}",
+        highlight=False,
+    )
+
 if __name__ == "__main__":  # pragma: no cover
     app()

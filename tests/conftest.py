@@ -41,6 +41,14 @@ def minilm_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_llm(tmp_path_factory) -> str:
+    """Path of a tiny random chat Llama + BPE tokenizer, built once per session (tests/tiny_llm.py)."""
+    from tiny_llm import build_tiny_llm
+
+    return str(build_tiny_llm(tmp_path_factory.mktemp("tiny-llm")))
+
+
+@pytest.fixture(scope="session")
 def ray_local():
     """One local Ray instance (2 CPUs) shared by the tests that need Ray in-process."""
     import ray

@@ -1,0 +1,35 @@
+"""The LLM backends: one config and one entry point for three engines (vllm, http, hf).
+
+    config = LLMConfig.from_yaml("configs/llm/vllm-gpu.yaml", ["sampling.max_tokens=32"])
+    out = run_llm(ds, config, task="judge")   # or task="summarize"
+
+`run_llm` builds the prompts from the versioned templates in `memprune/prompts`, runs the
+configured engine on Ray Data, parses the outputs strictly (JSON schema) with a lenient
+fallback, re-sends rows that fail (bounded), and returns error rows (with the raw text)
+for what still fails. See docs/llm.md.
+"""
+
+from __future__ import annotations
+
+from memprune.llm.config import DEFAULT_MAX_TOKENS, LLMConfig, Sampling
+from memprune.llm.engines import LLMError
+from memprune.llm.parsing import JUDGE_SCHEMA, SUMMARY_SCHEMA, Parsed, parse_judge, parse_summary
+from memprune.llm.prompts import PromptError, load_template
+from memprune.llm.run import outcome_summary, output_fields, run_llm
+
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "JUDGE_SCHEMA",
+    "LLMConfig",
+    "LLMError",
+    "Parsed",
+    "PromptError",
+    "SUMMARY_SCHEMA",
+    "Sampling",
+    "load_template",
+    "outcome_summary",
+    "output_fields",
+    "parse_judge",
+    "parse_summary",
+    "run_llm",
+]

@@ -1,0 +1,169 @@
+"""The one LLM config shared by the three engines (`vllm`, `http`, `hf`), read from YAML.
+
+Every engine reads the same fields; the few engine-specific ones say so. Configs are
+strict (unknown keys are errors) so a typo in a cluster config fails before any GPU
+time is spent. `LLMConfig.from_yaml(path, ["sampling.max_tokens=64"])` applies
+`key=value` overrides (values parsed as YAML scalars, dotted keys reach nested fields).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from memprune.config import ConfigError, merge, parse_overrides, read_yaml
+
+Engine = Literal["vllm", "http", "hf"]
+Task = Literal["judge", "summarize"]
+
+# max_tokens per task when `sampling.max_tokens` is not set: a judge answer is one small
+# JSON object, a session summary is a list of bullets.
+DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512}
+
+
+class Sampling(BaseModel):
+    """Decoding settings. Attempt 1 uses `temperature`/`seed`; retries use `retry_*`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(0.0, ge=0.0, description="Temperature of the first attempt (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int | dict[str, int] | None = Field(
+        None, description="Generated tokens per attempt: one number, per task ({judge: 24, summarize: 512}), "
+                          "or None for the per-task defaults.")
+    seed: int = Field(0, description="Sampling seed of the first attempt; retry k uses seed + k.")
+    retry_temperature: float = Field(
+        0.7, ge=0.0, description="Temperature of retries: a greedy retry of the same prompt repeats the same output.")
+    retry_max_tokens: int | None = Field(
+        None, ge=1, description="max_tokens of retries (a cut-off JSON object is the usual failure); None = max_tokens.")
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, value: int | dict[str, int] | None) -> int | dict[str, int] | None:
+        values = value.values() if isinstance(value, dict) else [] if value is None else [value]
+        if any(v < 1 for v in values):
+            raise ValueError("max_tokens must be >= 1")
+        if isinstance(value, dict) and set(value) - set(DEFAULT_MAX_TOKENS):
+            raise ValueError(f"max_tokens keys must be among {sorted(DEFAULT_MAX_TOKENS)}")
+        return value
+
+    def max_tokens_for(self, task: str, attempt: int) -> int:
+        """max_tokens for `task` at `attempt` (1-based)."""
+        if isinstance(self.max_tokens, dict):
+            base = self.max_tokens.get(task) or DEFAULT_MAX_TOKENS[task]
+        else:
+            base = self.max_tokens or DEFAULT_MAX_TOKENS[task]
+        return base if attempt <= 1 else max(base, self.retry_max_tokens or base)
+
+    def temperature_for(self, attempt: int) -> float:
+        """Temperature at `attempt` (1-based)."""
+        return self.temperature if attempt <= 1 else max(self.temperature, self.retry_temperature)
+
+    def seed_for(self, attempt: int) -> int:
+        """Seed at `attempt` (1-based): a different one per retry."""
+        return self.seed + attempt - 1
+
+
+class LLMConfig(BaseModel):
+    """Which engine, which model, how to decode and how to spread the work over Ray."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    engine: Engine = Field(..., description="vllm (ray.data.llm + vLLM), http (OpenAI-compatible) or hf (transformers).")
+    model: str = Field(..., description="Local model directory or hub id (http: the served model name).")
+    trust_remote_code: bool = Field(False, description="Run model code shipped with the checkpoint (off unless asked).")
+    sampling: Sampling = Field(default_factory=Sampling)
+    max_retries: int = Field(2, ge=0, description="Re-sends of a row whose output does not parse; then an error row.")
+    structured_output: bool = Field(True, description="Constrain output to the task's JSON schema where supported.")
+    judge_prompt: str = Field("judge_v1", description="Prompt template name in memprune/prompts or a file path.")
+    summarize_prompt: str = Field("summarize_v1", description="Prompt template name in memprune/prompts or a file path.")
+    max_bullets: int = Field(10, ge=1, description="summarize: at most this many bullets per session.")
+
+    # --- Ray placement (vllm, hf; http uses concurrency for request workers)
+    batch_size: int = Field(16, ge=1, description="Rows per batch sent to an engine replica.")
+    concurrency: int | None = Field(
+        None, ge=1, description="Engine replicas. None: vllm on GPU = one per GPU / tensor_parallel_size; else 1.")
+    accelerator: Literal["cpu", "gpu"] = Field(
+        "cpu", description="Where vllm / hf engines run; when unset: gpu for vllm, cpu otherwise.")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type for the engine, e.g. H100.")
+    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per engine replica (CPU engines).")
+    stage_num_cpus: float | None = Field(None, gt=0, description="CPUs per light pre/post-processing worker.")
+
+    # --- vllm
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=16)
+    dtype: str = Field("auto", description="Model dtype: auto, float32, bfloat16, float16.")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    enable_prefix_caching: bool = Field(True, description="vllm: judge prompts of one session share a long prefix.")
+    ray_stages: bool = Field(
+        True, description="vllm: chat-template/tokenize/detokenize as separate Ray Data stages (else in the engine).")
+    kv_cache_gb: int = Field(1, ge=1, description="vllm on CPU: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+    log_engine_metrics: bool = Field(False, description="vllm: export engine metrics (needs ray[serve] metrics deps).")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="vllm: extra vllm engine arguments.")
+
+    # --- http
+    base_url: str | None = Field(None, description="http: OpenAI-compatible base URL, e.g. http://host:8000/v1.")
+    api_key_env: str | None = Field(None, description="http: name of the environment variable holding the API key.")
+    qps: int | None = Field(None, ge=1, description="http: requests per second per worker (None: no limit).")
+    http_retries: int = Field(3, ge=0, description="http: retries of failed requests (429/5xx/timeouts), with backoff.")
+    response_format: Literal["json_schema", "json_object", "none"] = Field(
+        "json_schema", description="http: response_format sent when structured_output is on.")
+
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the engine workers.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_accelerator(cls, data: Any) -> Any:
+        """vLLM is a GPU engine unless told otherwise (vllm-cpu configs say `accelerator: cpu`)."""
+        if isinstance(data, dict) and data.get("accelerator") is None and data.get("engine") == "vllm":
+            data = {**data, "accelerator": "gpu"}
+        return data
+
+    @field_validator("model")
+    @classmethod
+    def _model_path(cls, value: str) -> str:
+        """An existing local path becomes absolute (workers may run elsewhere); anything else is a hub id."""
+        if not value.strip():
+            raise ValueError("model must not be empty")
+        path = Path(value).expanduser()
+        return str(path.resolve()) if path.exists() else value
+
+    @model_validator(mode="after")
+    def _engine_fields(self) -> "LLMConfig":
+        if self.engine == "http" and not self.base_url:
+            raise ValueError("engine http needs base_url (an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
+        if self.tensor_parallel_size > 1 and (self.engine != "vllm" or self.accelerator != "gpu"):
+            raise ValueError("tensor_parallel_size > 1 needs engine vllm on accelerator gpu")
+        return self
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], overrides: list[str] | None = None) -> "LLMConfig":
+        """Read a YAML config and apply `key=value` overrides; errors name the file and the key."""
+        data = merge(read_yaml(path), parse_overrides(overrides))
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"{path}: invalid LLM config: {problems}") from exc
+
+    def prompt_name(self, task: Task) -> str:
+        """The prompt template used for `task`."""
+        return self.judge_prompt if task == "judge" else self.summarize_prompt
+
+    def describe(self, task: Task) -> str:
+        """A short id of engine, model and prompt, e.g. `vllm:Qwen2.5-7B-Instruct:judge_v1`."""
+        model = self.model.rstrip("/").split("/")[-1]
+        prompt = Path(self.prompt_name(task)).stem
+        return f"{self.engine}:{model}:{prompt}"
+
+    def api_key(self) -> str | None:
+        """The API key from `api_key_env` (http); a named but unset variable is an error."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ConfigError(f"api_key_env is {self.api_key_env!r} but that environment variable is not set")
+        return key

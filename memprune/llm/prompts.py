@@ -1,0 +1,149 @@
+"""Prompt templates (versioned text files in `memprune/prompts`) and the chat messages built from them.
+
+A template file holds chat messages: a line `=== system ===` or `=== user ===` starts one;
+`#` lines before the first message are comments. `{{name}}` placeholders are filled in a
+single pass, so a placeholder-looking string inside the dialogue is never expanded.
+Untrusted dialogue text is HTML-escaped and enclosed in tags (`<turn>`, `<bullet>`, ...):
+it cannot close a tag or masquerade as instructions, and it only ever appears as data.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
+_SECTION = re.compile(r"^===\s*(system|user|assistant)\s*===\s*$")
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+
+# Placeholders each task's template must use (and may not exceed).
+TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
+    "judge": frozenset({"context", "target_speaker", "target", "bullet"}),
+    "summarize": frozenset({"speakers", "time", "turns", "max_bullets"}),
+}
+
+
+class PromptError(ValueError):
+    """A prompt template is missing or malformed; the message names the file."""
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A parsed template: its name (file stem, e.g. `judge_v1`), path and (role, text) messages."""
+
+    name: str
+    path: str
+    messages: tuple[tuple[str, str], ...]
+
+    @property
+    def placeholders(self) -> frozenset[str]:
+        return frozenset(m for _, text in self.messages for m in _PLACEHOLDER.findall(text))
+
+    def render(self, values: Mapping[str, str]) -> list[dict[str, str]]:
+        """Chat messages with every placeholder replaced once by `values[name]` (already escaped)."""
+        missing = self.placeholders - set(values)
+        if missing:
+            raise PromptError(f"{self.path}: no value for placeholder(s) {sorted(missing)}")
+        return [{"role": role, "content": _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)}
+                for role, text in self.messages]
+
+
+def parse_template(text: str, name: str, path: str) -> PromptTemplate:
+    """Parse template text into messages; errors name `path` and the line."""
+    messages: list[tuple[str, list[str]]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        match = _SECTION.match(line)
+        if match:
+            messages.append((match.group(1), []))
+        elif messages:
+            messages[-1][1].append(line)
+        elif line.strip() and not line.startswith("#"):
+            raise PromptError(f"{path}:{lineno}: text before the first '=== role ===' line")
+    if not messages:
+        raise PromptError(f"{path}: no '=== system ===' / '=== user ===' sections")
+    out = tuple((role, "\n".join(lines).strip("\n")) for role, lines in messages)
+    if out[-1][0] != "user":
+        raise PromptError(f"{path}: the last message must be a user message")
+    return PromptTemplate(name=name, path=path, messages=out)
+
+
+@lru_cache(maxsize=32)
+def load_template(name_or_path: str, task: str | None = None) -> PromptTemplate:
+    """Load a template by name (`judge_v1` -> memprune/prompts/judge_v1.txt) or path; check its placeholders."""
+    candidate = Path(name_or_path).expanduser()
+    path = candidate if candidate.suffix and candidate.exists() else PROMPTS_DIR / f"{name_or_path}.txt"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROMPTS_DIR.glob("*.txt")))
+        raise PromptError(f"prompt template {name_or_path!r} not found (not a file; known names: {known})")
+    template = parse_template(path.read_text(encoding="utf-8"), path.stem, str(path))
+    if task is not None:
+        expected = TASK_PLACEHOLDERS[task]
+        if template.placeholders != expected:
+            raise PromptError(
+                f"{path}: a {task} template must use exactly the placeholders {sorted(expected)}; "
+                f"it uses {sorted(template.placeholders)}")
+    return template
+
+
+def escape(text: Any) -> str:
+    """Untrusted text as inert data: HTML-escaped (so it cannot open or close a tag), never None."""
+    return html.escape("" if text is None else str(text), quote=True)
+
+
+def render_turn(speaker: Any, text: Any, turn_label: str | None = None) -> str:
+    """One dialogue turn as a `<turn>` element (optionally with its id)."""
+    ident = f' id="{escape(turn_label)}"' if turn_label is not None else ""
+    return f'<turn{ident} speaker="{escape(speaker)}">{escape(text)}</turn>'
+
+
+def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The judge prompt for one (bullet, context, target) row."""
+    for key in ("bullet", "target"):
+        value = row.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise PromptError(f"field {key!r} must be a non-empty string, got {value!r}")
+    context = row.get("context") or []
+    if not isinstance(context, Sequence) or isinstance(context, str):
+        raise PromptError(f"field 'context' must be a list of {{speaker, text}}, got {type(context).__name__}")
+    lines = []
+    for i, turn in enumerate(context):
+        if not isinstance(turn, Mapping) or "text" not in turn:
+            raise PromptError(f"field 'context' item {i} must be a {{speaker, text}} mapping, got {turn!r}")
+        lines.append(render_turn(turn.get("speaker"), turn.get("text")))
+    values = {
+        "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
+        "target_speaker": escape(row.get("target_speaker")),
+        "target": escape(row["target"]),
+        "bullet": escape(row["bullet"]),
+    }
+    return template.render(values)
+
+
+def turn_labels(turns: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Short prompt labels (T1, T2, ...) of a session's turns -> their turn ids."""
+    return {f"T{i + 1}": str(turn["turn_id"]) for i, turn in enumerate(turns)}
+
+
+def summarize_messages(row: Mapping[str, Any], template: PromptTemplate, max_bullets: int) -> list[dict[str, str]]:
+    """The summarizer prompt for one sessions row; turns are labelled T1..Tn (see `turn_labels`)."""
+    turns = row.get("turns")
+    if not isinstance(turns, Sequence) or isinstance(turns, str) or not turns:
+        raise PromptError(f"field 'turns' must be a non-empty list of turns, got {turns!r}")
+    lines = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, Mapping) or not {"turn_id", "speaker", "text"} <= set(turn):
+            raise PromptError(f"field 'turns' item {i} must have turn_id, speaker and text, got {turn!r}")
+        lines.append(render_turn(turn["speaker"], turn["text"], f"T{i + 1}"))
+    speakers = row.get("speakers") or sorted({str(t["speaker"]) for t in turns})
+    values = {
+        "speakers": escape(", ".join(str(s) for s in speakers)),
+        "time": escape(row.get("time") or "unknown"),
+        "turns": "\n".join(lines),
+        "max_bullets": str(int(max_bullets)),
+    }
+    return template.render(values)

@@ -1,0 +1,260 @@
+"""`memprune summarize`: sessions -> memory bullets with evidence, by an LLM on Ray Data.
+
+Reads `DATA/sessions.parquet`, runs the session summarizer (`memprune.llm.run_llm`,
+task "summarize") and writes into `OUT/`:
+
+- `bullets.parquet`   the `bullets` table (ids `<conversation>:s<session>:b<i>`), evidence = turn ids;
+- `sessions.parquet`  a copy of the input sessions, so `OUT` is a complete corpus for `memprune label`;
+- `summaries.parquet` one row per session: bullets, raw text, error, attempts, tokens, dropped counts;
+- `rejects.jsonl`     sessions whose summary failed (with the raw model text);
+- `summarize.json` + `summarize.md`  counts and settings.
+
+Evidence ids the model cites that do not exist in the session are dropped from the bullet
+and counted. Sessions are processed in chunks; each finished chunk is written atomically
+under `OUT/.work/<fingerprint>/`, so a rerun with the same inputs and config resumes.
+Corpora that already have bullets (MSC, LoCoMo) can skip this step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from memprune.config import ConfigError, merge, parse_overrides
+from memprune.io import JsonlSink, atomic_path, read_table, write_json, write_table
+from memprune.llm import LLMConfig, outcome_summary, run_llm
+from memprune.llm.run import BULLET_TYPE
+from memprune.rejects import Ledger
+from memprune.schema import BULLETS, bullet_id
+
+SUMMARIES = pa.schema([
+    pa.field("conversation_id", pa.string(), nullable=False),
+    pa.field("session_index", pa.int32(), nullable=False),
+    pa.field("n_bullets", pa.int64()),
+    pa.field("bullets", pa.list_(BULLET_TYPE)),
+    pa.field("evidence_dropped", pa.int64()),
+    pa.field("bullets_dropped", pa.int64()),
+    pa.field("parse", pa.string()),
+    pa.field("raw", pa.string()),
+    pa.field("error", pa.string()),
+    pa.field("attempts", pa.int64()),
+    pa.field("tokens_in", pa.int64()),
+    pa.field("tokens_out", pa.int64()),
+])
+
+
+class SummarizeError(ValueError):
+    """The summarize inputs are unusable (missing table, bad config); the message names them."""
+
+
+class SummarizeConfig(BaseModel):
+    """Config of the summarize stage (`jobs/summarize.py`, `memprune summarize`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str = Field(..., description="Directory with sessions.parquet (a `memprune ingest` output).")
+    out: str = Field(..., description="Output directory.")
+    llm_config: str | None = Field(None, description="YAML file of the LLM config (memprune.llm.LLMConfig).")
+    llm: dict[str, Any] | None = Field(None, description="Inline LLM config fields (instead of llm_config).")
+    llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the LLM config.")
+    chunk_sessions: int = Field(2048, ge=1, description="Sessions per resumable chunk (one run_llm pass each).")
+    block_rows: int = Field(16, ge=1, description="Sessions per Ray Data block (spreads work over replicas).")
+    limit: int | None = Field(None, ge=1, description="Only the first N sessions (a trial run).")
+
+    @model_validator(mode="after")
+    def _one_llm(self) -> "SummarizeConfig":
+        if (self.llm is None) == (self.llm_config is None):
+            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
+        return self
+
+    def llm_settings(self) -> LLMConfig:
+        """The LLM config from the file or the inline section, with overrides applied."""
+        if self.llm_config is not None:
+            return LLMConfig.from_yaml(self.llm_config, self.llm_overrides or None)
+        data = merge(self.llm or {}, parse_overrides(self.llm_overrides))
+        try:
+            return LLMConfig.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"llm.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"invalid inline LLM config: {problems}") from exc
+
+
+def run(config: SummarizeConfig) -> dict[str, Any]:
+    """Run the summarize stage from its config (the `jobs/summarize.py` entry)."""
+    return summarize(config.data, config.out, config.llm_settings(), chunk_sessions=config.chunk_sessions,
+                     block_rows=config.block_rows, limit=config.limit)
+
+
+def bullet_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """`bullets` table rows of one summarized session (none for an error row)."""
+    conv, idx = summary["conversation_id"], int(summary["session_index"])
+    return [
+        {"bullet_id": bullet_id(conv, idx, i), "conversation_id": conv, "session_index": idx,
+         "speaker": b.get("speaker"), "text": b["text"], "evidence": list(b.get("evidence") or [])}
+        for i, b in enumerate(summary.get("bullets") or [])
+    ]
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fingerprint(sessions_path: Path, llm: LLMConfig, chunk_sessions: int, limit: int | None) -> str:
+    payload = {"sessions": _file_digest(sessions_path), "llm": llm.model_dump(mode="json"),
+               "chunk_sessions": chunk_sessions, "limit": limit}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _summarize_chunk(table: pa.Table, llm: LLMConfig, block_rows: int) -> pa.Table:
+    """One chunk of sessions through run_llm; returns its `summaries` rows."""
+    import ray
+
+    blocks = [table.slice(s, block_rows) for s in range(0, table.num_rows, block_rows)]
+    out = run_llm(ray.data.from_arrow(blocks), llm, task="summarize")
+    rows = []
+    for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for r in batch.to_pylist():
+            bullets = r.get("bullets")
+            rows.append({
+                "conversation_id": r["conversation_id"], "session_index": int(r["session_index"]),
+                "n_bullets": None if bullets is None else len(bullets), "bullets": bullets,
+                **{k: r.get(k) for k in ("evidence_dropped", "bullets_dropped", "parse", "raw", "error",
+                                         "attempts", "tokens_in", "tokens_out")},
+            })
+    got = {(r["conversation_id"], r["session_index"]) for r in rows}
+    want = set(zip(table.column("conversation_id").to_pylist(), table.column("session_index").to_pylist()))
+    if got != want or len(rows) != table.num_rows:
+        raise RuntimeError(f"run_llm returned {len(rows)} rows for a chunk of {table.num_rows} sessions "
+                           f"({len(want - got)} missing); rerun to retry the chunk")
+    rows.sort(key=lambda r: (r["conversation_id"], r["session_index"]))
+    return pa.Table.from_pylist(rows, schema=SUMMARIES)
+
+
+def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions: int = 2048, block_rows: int = 16,
+              limit: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Summarize every session of `DATA/sessions.parquet` into bullets; write the tables to `out`; return the summary."""
+    import ray
+    from tqdm import tqdm
+
+    data, out = Path(data), Path(out)
+    sessions_path = data / "sessions.parquet"
+    if not sessions_path.exists():
+        raise SummarizeError(f"{data}: no sessions.parquet here (is it a `memprune ingest` output directory?)")
+    if out.resolve() == data.resolve():
+        raise SummarizeError(f"{out}: the output directory must differ from the data directory")
+    started = time.perf_counter()
+    sessions = read_table(sessions_path, "sessions")
+    if limit is not None:
+        sessions = sessions.slice(0, limit)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / ".work" / _fingerprint(sessions_path, llm, chunk_sessions, limit)
+    work.mkdir(parents=True, exist_ok=True)
+
+    bounds = [(s, min(s + chunk_sessions, sessions.num_rows)) for s in range(0, sessions.num_rows, chunk_sessions)]
+    paths = [work / f"chunk-{i:05d}.parquet" for i in range(len(bounds))]
+    pending = [i for i, p in enumerate(paths) if not p.exists()]
+    if pending and not ray.is_initialized():
+        ray.init()
+    for i in tqdm(pending, desc="summarize: chunks", unit="chunk", disable=not progress):
+        a, b = bounds[i]
+        result = _summarize_chunk(sessions.slice(a, b - a), llm, block_rows)
+        with atomic_path(paths[i]) as tmp:
+            pq.write_table(result, tmp)
+    summaries = pa.concat_tables([pq.read_table(p, schema=SUMMARIES) for p in paths]) if paths \
+        else SUMMARIES.empty_table()
+
+    ledger_sink = JsonlSink(out / "rejects.jsonl")
+    ledger = Ledger(ledger_sink)
+    bullets: list[dict[str, Any]] = []
+    try:
+        for row in summaries.to_pylist():
+            ledger.saw("session")
+            if row["error"]:
+                ledger.reject(source=str(sessions_path), record=f"{row['conversation_id']}:s{row['session_index']}",
+                              field="summary", kind="session", reason=row["error"], value=row["raw"])
+            else:
+                ledger.wrote("session")
+                bullets.extend(bullet_rows(row))
+        write_table(pa.Table.from_pylist(bullets, schema=BULLETS), out / "bullets.parquet", "bullets")
+        write_table(summaries, out / "summaries.parquet")
+        with atomic_path(out / "sessions.parquet") as tmp:
+            if limit is None:
+                shutil.copyfile(sessions_path, tmp)
+            else:
+                pq.write_table(sessions, tmp)
+    except BaseException:
+        ledger_sink.abort()
+        raise
+    ledger_sink.close()
+
+    outcome = outcome_summary(summaries)
+    per_session = [n for n in summaries.column("n_bullets").to_pylist() if n is not None]
+    evidence = [len(b["evidence"]) for b in bullets]
+    summary = {
+        "data": str(data),
+        "out": str(out),
+        "llm": llm.describe("summarize"),
+        "counts": {
+            "sessions": summaries.num_rows,
+            "sessions_ok": outcome["ok"],
+            "sessions_error": outcome["errors"],
+            "bullets": len(bullets),
+            "bullets_without_evidence": sum(1 for n in evidence if n == 0),
+            "bullets_dropped": sum(n or 0 for n in summaries.column("bullets_dropped").to_pylist()),
+            "evidence_kept": sum(evidence),
+            "evidence_dropped": sum(n or 0 for n in summaries.column("evidence_dropped").to_pylist()),
+            "rejects": ledger_sink.count,
+        },
+        "llm_outcome": outcome,
+        "bullets_per_session": _distribution(per_session),
+        "chunks": {"total": len(bounds), "reused": len(bounds) - len(pending), "work": str(work)},
+        "settings": {"llm": llm.model_dump(mode="json"), "chunk_sessions": chunk_sessions,
+                     "block_rows": block_rows, "limit": limit},
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    write_json(out / "summarize.json", summary)
+    with atomic_path(out / "summarize.md") as tmp:
+        tmp.write_text(render_report(summary), encoding="utf-8")
+    return summary
+
+
+def _distribution(values: list[int]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "mean": round(statistics.fmean(values), 3), "median": statistics.median(values),
+            "min": min(values), "max": max(values)}
+
+
+def render_report(summary: dict[str, Any]) -> str:
+    """The Markdown report of a summarize run."""
+    c, o = summary["counts"], summary["llm_outcome"]
+    lines = [
+        "# memprune summarize", "",
+        f"- data: `{summary['data']}`", f"- out: `{summary['out']}`", f"- LLM: `{summary['llm']}`",
+        f"- time: {summary['seconds']} s", "",
+        "| count | value |", "|---|---|",
+        *(f"| {k} | {v} |" for k, v in c.items()),
+        "", "## LLM outcome", "",
+        "| item | value |", "|---|---|",
+        f"| rows | {o['rows']} |", f"| ok | {o['ok']} |", f"| errors | {o['errors']} |",
+        f"| errors by kind | {json.dumps(o['errors_by_kind'])} |",
+        f"| retried rows | {o['retried_rows']} |", f"| attempts histogram | {json.dumps(o['attempts'])} |",
+        f"| parse (strict/lenient) | {json.dumps(o.get('parse', {}))} |",
+        f"| tokens in / out | {o['tokens_in']} / {o['tokens_out']} |",
+        "", "## Bullets per session", "",
+        json.dumps(summary["bullets_per_session"]), "",
+    ]
+    return "\n".join(lines)
