@@ -1,7 +1,7 @@
 """The LLM backends: one config and one entry point for three engines (vllm, http, hf).
 
     config = LLMConfig.from_yaml("configs/llm/vllm-gpu.yaml", ["sampling.max_tokens=32"])
-    out = run_llm(ds, config, task="judge")   # or task="summarize"
+    out = run_llm(ds, config, task="judge")   # or task="summarize" / "reply"
 
 `run_llm` builds the prompts from the versioned templates in `memprune/prompts`, runs the
 configured engine on Ray Data, parses the outputs strictly (JSON schema) with a lenient
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from memprune.llm.config import DEFAULT_MAX_TOKENS, LLMConfig, Sampling
 from memprune.llm.engines import LLMError
-from memprune.llm.parsing import JUDGE_SCHEMA, SUMMARY_SCHEMA, Parsed, parse_judge, parse_summary
+from memprune.llm.parsing import JUDGE_SCHEMA, SUMMARY_SCHEMA, Parsed, parse_judge, parse_reply, parse_summary
 from memprune.llm.prompts import PromptError, load_template
 from memprune.llm.run import outcome_summary, output_fields, run_llm
 
@@ -30,6 +30,7 @@ __all__ = [
     "outcome_summary",
     "output_fields",
     "parse_judge",
+    "parse_reply",
     "parse_summary",
     "run_llm",
 ]

@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from memprune.config import ConfigError, merge, parse_overrides, read_yaml
 
 Engine = Literal["vllm", "http", "hf"]
-Task = Literal["judge", "summarize"]
+Task = Literal["judge", "summarize", "reply"]
 
 # max_tokens per task when `sampling.max_tokens` is not set: a judge answer is one small
-# JSON object, a session summary is a list of bullets.
-DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512}
+# JSON object, a session summary is a list of bullets, a reply is one dialogue utterance.
+DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96}
 
 
 class Sampling(BaseModel):
@@ -80,6 +80,7 @@ class LLMConfig(BaseModel):
     structured_output: bool = Field(True, description="Constrain output to the task's JSON schema where supported.")
     judge_prompt: str = Field("judge_v1", description="Prompt template name in memprune/prompts or a file path.")
     summarize_prompt: str = Field("summarize_v1", description="Prompt template name in memprune/prompts or a file path.")
+    reply_prompt: str = Field("reply_v1", description="Prompt template name in memprune/prompts or a file path.")
     max_bullets: int = Field(10, ge=1, description="summarize: at most this many bullets per session.")
 
     # --- Ray placement (vllm, hf; http uses concurrency for request workers)
@@ -151,7 +152,7 @@ class LLMConfig(BaseModel):
 
     def prompt_name(self, task: Task) -> str:
         """The prompt template used for `task`."""
-        return self.judge_prompt if task == "judge" else self.summarize_prompt
+        return {"judge": self.judge_prompt, "summarize": self.summarize_prompt, "reply": self.reply_prompt}[task]
 
     def describe(self, task: Task) -> str:
         """A short id of engine, model and prompt, e.g. `vllm:Qwen2.5-7B-Instruct:judge_v1`."""

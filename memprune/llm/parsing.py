@@ -42,6 +42,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+# JSON schema per task; a task without one (reply: free text) is never constrained.
 SCHEMAS: dict[str, dict[str, Any]] = {"judge": JUDGE_SCHEMA, "summarize": SUMMARY_SCHEMA}
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
@@ -291,3 +292,67 @@ def parse_summary(text: str | None, labels: Mapping[str, str], speakers: set[str
         return lenient
     return Parsed(error=f"unparseable summary: strict: {strict.error}; lenient: {lenient.error}; "
                         f"text {_short(text)!r}")
+
+
+# ---------------------------------------------------------------- reply
+
+_TAGGED = re.compile(r"<(turn|reply|utterance|response)\b[^>]*>(.*?)</\1\s*>", re.DOTALL | re.IGNORECASE)
+_ANY_TAG = re.compile(r"</?(?:turn|reply|utterance|response|dialogue|memory|note|target)\b[^>]*>", re.IGNORECASE)
+_ROLE_PREFIX = re.compile(r"^\s*(?:assistant|reply|response|answer|utterance)\s*:\s*", re.IGNORECASE)
+_QUOTES = {('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019")}
+_WORD = re.compile(r"[^\W_]", re.UNICODE)
+
+
+def _speaker_prefix(line: str, speakers: list[str]) -> tuple[str | None, str]:
+    """(the speaker named at the start of `line` as `Name:`, the rest), or (None, line)."""
+    stripped = line.lstrip()
+    for name in sorted(speakers, key=len, reverse=True):
+        if stripped[:len(name)].casefold() == name.casefold() and stripped[len(name):].lstrip().startswith(":"):
+            return name, stripped[len(name):].lstrip()[1:].lstrip()
+    return None, line
+
+
+def parse_reply(text: str | None, target_speaker: str | None = None, speakers: set[str] | list[str] | None = None
+                ) -> Parsed:
+    """A generated utterance: strict when the output is already just the text, else cleaned leniently.
+
+    Lenient cleaning (in order): a ``` fence is removed; the content of a first `<turn>`/`<reply>`
+    element is taken (HTML-unescaped); a leading `Name:` of the target speaker or a role word
+    (`Assistant:`, `Reply:`) is removed; the text is cut where the model goes on with a
+    `Name:` line of any known speaker (it continued the dialogue); wrapping quotes are removed.
+    Whitespace is collapsed to single spaces. Empty output, or output without a single letter
+    or digit after cleaning, is an error (the caller retries, then makes an error row).
+    """
+    import html
+
+    if text is None or not text.strip():
+        return Parsed(error="empty output")
+    names = sorted({s for s in (speakers or []) if isinstance(s, str) and s.strip()}
+                   | ({target_speaker} if target_speaker else set()))
+    clean = _strip_fence(text)
+    tagged = _TAGGED.search(clean)
+    if tagged:
+        clean = html.unescape(tagged.group(2))
+    clean = _ANY_TAG.sub(" ", clean).strip()
+    clean = _ROLE_PREFIX.sub("", clean)
+    lines = clean.splitlines()
+    if lines:
+        who, rest = _speaker_prefix(lines[0], names)
+        if who is not None and (target_speaker is None or who.casefold() == target_speaker.casefold()):
+            lines[0] = rest
+        kept = [lines[0]]
+        for line in lines[1:]:
+            if _speaker_prefix(line, names)[0] is not None:
+                break  # the model went on writing the next turns of the dialogue
+            kept.append(line)
+        clean = "\n".join(kept)
+    clean = clean.strip()
+    while len(clean) >= 2 and (clean[0], clean[-1]) in _QUOTES:
+        clean = clean[1:-1].strip()
+    clean = " ".join(clean.split())
+    if not clean:
+        return Parsed(error=f"no reply text after cleaning; text {_short(text)!r}")
+    if not _WORD.search(clean):
+        return Parsed(error=f"reply has no letter or digit; text {_short(text)!r}")
+    method = "strict" if clean == " ".join(text.split()) else "lenient"
+    return Parsed(value=clean, method=method)

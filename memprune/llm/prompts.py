@@ -25,7 +25,9 @@ _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
     "judge": frozenset({"context", "target_speaker", "target", "bullet"}),
     "summarize": frozenset({"speakers", "time", "turns", "max_bullets"}),
+    "reply": frozenset({"target_speaker", "context", "memory"}),
 }
+NO_MEMORY = "(no memory notes)"
 
 
 class PromptError(ValueError):
@@ -145,5 +147,45 @@ def summarize_messages(row: Mapping[str, Any], template: PromptTemplate, max_bul
         "time": escape(row.get("time") or "unknown"),
         "turns": "\n".join(lines),
         "max_bullets": str(int(max_bullets)),
+    }
+    return template.render(values)
+
+
+def render_note(note: Any, index: int) -> str:
+    """One memory bullet as a `<note>` element; `note` is a string or a mapping with `text` (+ speaker, session_index)."""
+    if isinstance(note, str):
+        text, speaker, session = note, None, None
+    elif isinstance(note, Mapping) and isinstance(note.get("text"), str):
+        text, speaker, session = note["text"], note.get("speaker"), note.get("session_index")
+    else:
+        raise PromptError(f"field 'memory' item {index} must be a string or a {{text, speaker}} mapping, got {note!r}")
+    attrs = (f' session="{escape(session)}"' if session is not None else "") + \
+            (f' speaker="{escape(speaker)}"' if speaker is not None else "")
+    return f"<note{attrs}>{escape(text)}</note>"
+
+
+def reply_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The reply prompt for one row: the dialogue before the target, the memory notes, the speaker to answer as."""
+    speaker = row.get("target_speaker")
+    if not isinstance(speaker, str) or not speaker.strip():
+        raise PromptError(f"field 'target_speaker' must be a non-empty string, got {speaker!r}")
+    context = row.get("context") or []
+    if not isinstance(context, Sequence) or isinstance(context, str):
+        raise PromptError(f"field 'context' must be a list of {{speaker, text}}, got {type(context).__name__}")
+    lines = []
+    for i, turn in enumerate(context):
+        if not isinstance(turn, Mapping) or "text" not in turn:
+            raise PromptError(f"field 'context' item {i} must be a {{speaker, text}} mapping, got {turn!r}")
+        lines.append(render_turn(turn.get("speaker"), turn.get("text")))
+    memory = row.get("memory")
+    if memory is None:
+        memory = []
+    if not isinstance(memory, Sequence) or isinstance(memory, str):
+        raise PromptError(f"field 'memory' must be a list of notes, got {type(memory).__name__}")
+    notes = [render_note(note, i) for i, note in enumerate(memory)]
+    values = {
+        "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
+        "memory": "\n".join(notes) if notes else NO_MEMORY,
+        "target_speaker": escape(speaker),
     }
     return template.render(values)

@@ -25,17 +25,20 @@ import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.engines import full_replicas, generate
-from memprune.llm.parsing import SCHEMAS, parse_judge, parse_summary
-from memprune.llm.prompts import PromptError, judge_messages, load_template, summarize_messages, turn_labels
+from memprune.llm.parsing import SCHEMAS, parse_judge, parse_reply, parse_summary
+from memprune.llm.prompts import (PromptError, judge_messages, load_template, reply_messages, summarize_messages,
+                                  turn_labels)
 
 # Columns a task reads to build its prompt; they are not passed through unless keep_inputs=True.
 TASK_INPUTS: dict[str, tuple[str, ...]] = {
     "judge": ("bullet", "context", "target", "target_speaker"),
     "summarize": ("turns",),
+    "reply": ("context", "memory", "target_speaker"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "judge": ("bullet", "context", "target"),
     "summarize": ("conversation_id", "session_index", "turns"),
+    "reply": ("context", "target_speaker"),
 }
 COMMON_OUT = ("raw", "error", "attempts", "tokens_in", "tokens_out")
 
@@ -52,6 +55,7 @@ OUTPUT_FIELDS: dict[str, list[pa.Field]] = {
         pa.field("bullets_dropped", pa.int64()),
         pa.field("parse", pa.string()),
     ],
+    "reply": [pa.field("reply", pa.string()), pa.field("parse", pa.string())],
 }
 COMMON_FIELDS = [
     pa.field("raw", pa.string()),
@@ -93,7 +97,7 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
                  ) -> list[dict[str, Any]]:
     """Input rows -> state rows: pickled passthrough, chat messages, schema; bad inputs are finished errors."""
     template = load_template(config.prompt_name(task), task)
-    schema = json.dumps(SCHEMAS[task]) if config.structured_output else None
+    schema = json.dumps(SCHEMAS[task]) if config.structured_output and task in SCHEMAS else None
     drop = () if keep_inputs else TASK_INPUTS[task]
     out = []
     for row in rows:
@@ -106,6 +110,10 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
         try:
             if task == "judge":
                 messages = judge_messages(row, template)
+            elif task == "reply":
+                messages = reply_messages(row, template)
+                state["_mp_speakers"] = json.dumps({"target": str(row["target_speaker"]), "speakers": sorted(
+                    {str(t.get("speaker")) for t in row.get("context") or [] if t.get("speaker") is not None})})
             else:
                 messages = summarize_messages(row, template, config.max_bullets)
                 state["_mp_labels"] = json.dumps(turn_labels(row["turns"]))
@@ -122,6 +130,9 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
 def _parse(task: Task, text: str | None, state: dict[str, Any]) -> Any:
     if task == "judge":
         return parse_judge(text)
+    if task == "reply":
+        who = json.loads(state["_mp_speakers"] or "{}")
+        return parse_reply(text, who.get("target"), who.get("speakers"))
     labels = json.loads(state["_mp_labels"] or "{}")
     speakers = set(json.loads(state["_mp_speakers"] or "[]"))
     return parse_summary(text, labels, speakers)
@@ -145,7 +156,7 @@ def settle_rows(rows: list[dict[str, Any]], task: Task, attempt: int, final: boo
             parsed = _parse(task, text, state)
             reason = parsed.error
         if parsed is not None and parsed.ok:
-            if task == "judge":
+            if task in ("judge", "reply"):
                 result: Any = parsed.value
             else:
                 result = {"bullets": [b.as_dict() for b in parsed.value], **parsed.notes}
@@ -166,6 +177,9 @@ def finish_rows(rows: list[dict[str, Any]], task: Task) -> list[dict[str, Any]]:
         item = pickle.loads(row["_mp_pass"])
         if task == "judge":
             item["score"] = float(result) if ok else None
+        elif task == "reply":
+            item["reply"] = str(result) if ok else None
+            item["parse"] = row.get("_mp_method") if ok else None
         else:
             item["bullets"] = result["bullets"] if ok else None
             item["evidence_dropped"] = int(result.get("evidence_dropped", 0)) if ok else None
@@ -244,7 +258,7 @@ def _passthrough_schema(ds: Any, task: Task, keep_inputs: bool) -> tuple[list[st
     return names, None
 
 
-def run_llm(ds: Any, config: LLMConfig, task: Literal["judge", "summarize"], keep_inputs: bool = False) -> Any:
+def run_llm(ds: Any, config: LLMConfig, task: Literal["judge", "summarize", "reply"], keep_inputs: bool = False) -> Any:
     """Run `task` over every row of `ds` with the configured engine; never raises for bad model output.
 
     judge: rows with `bullet`, `context` (list of {speaker, text}), `target`, `target_speaker`
@@ -253,10 +267,13 @@ def run_llm(ds: Any, config: LLMConfig, task: Literal["judge", "summarize"], kee
     summarize: sessions rows -> passthrough columns (all but `turns`) + `bullets`
     (list of {speaker, text, evidence: turn ids}), `evidence_dropped`, `bullets_dropped`,
     `parse` (strict/lenient) and the same common columns.
+    reply: rows with `context` (list of {speaker, text}), `memory` (list of notes: strings or
+    {text, speaker, session_index}), `target_speaker` -> passthrough columns + `reply` (the
+    generated utterance, or None), `parse` and the common columns; free text, no JSON schema.
     Row order may change. The prompt input columns are dropped unless `keep_inputs`.
     """
     if task not in TASK_INPUTS:
-        raise ValueError(f"unknown task {task!r}; expected 'judge' or 'summarize'")
+        raise ValueError(f"unknown task {task!r}; expected 'judge', 'summarize' or 'reply'")
     load_template(config.prompt_name(task), task)  # fail fast on a bad template
     names, passthrough = _passthrough_schema(ds, task, keep_inputs)
     check_columns(names, task)
