@@ -1,0 +1,347 @@
+"""Benchmark `memprune prune`: job throughput and peak memory vs the raw encoder loop, per store size.
+
+For each size (bullets) a synthetic store is made with `memprune synth` (kept under --out and
+reused). Then, each in a fresh subprocess so that peaks are its own:
+
+- **job**: `run_prune` on a fresh local Ray (streaming path, group by session); bullets/s of the
+  Ray Data pipeline (actor start-up included, Ray start-up excluded), the peak memory of the
+  whole process tree (driver + raylet, GCS, workers, object store: summed PSS), and where the
+  actors' time went (model load, forward passes, token counting, the rule).
+- **raw**: the same scorer, same bullets, same batch size, in a plain loop in one process:
+  the job's scoring helper ("sorted": each distinct text once, length order, per block) and
+  `Scorer.score` in input order ("plain"), with 1 thread and with all threads.
+
+The headline is job / limit, where limit = the better of (all threads in one loop) and
+(one single-thread loop per core the job uses): every core busy with nothing but the forward
+pass. `--limit-rows` caps the rows of MiniLM jobs (a prefix of the store, whole sessions) for
+sizes where a full pass takes too long on this machine; every row of the report says how many
+rows ran and `extrapolated_full_s` estimates the full run. `--encoders tiny` adds a 2-layer
+random BERT (a real model built here, no download): its fast forward pass exposes the
+pipeline's own cost per row and lets the full 10^6 store run through the job, to show that
+memory stays flat.
+
+    python bench/prune_bench.py --bullets 10000 100000 1000000 --limit-rows 100000 --encoders minilm tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ helpers (parent)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
+                 "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}.items():
+        env.setdefault(k, v)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return env
+
+
+def make_store(bullets: int, out: Path) -> Path:
+    """A synthetic store of about `bullets` bullets (memprune synth, 4 sessions), reused when present."""
+    store = out / f"synth-{bullets}"
+    if (store / "bullets.parquet").is_file():
+        return store
+    from memprune.synth import SynthConfig, synth_conversation
+
+    pilot = SynthConfig(conversations=200, sessions=4, seed=0)
+    per_conv = sum(len(synth_conversation(i, pilot).bullets) for i in range(200)) / 200
+    n = max(1, math.ceil(bullets / per_conv))
+    subprocess.run([sys.executable, "-m", "memprune.cli", "synth", "-n", str(n), "--out", str(store), "--seed", "0"],
+                   check=True, env=_env(), cwd=ROOT)
+    return store
+
+
+def make_scorers(out: Path, encoders: list[str]) -> dict[str, Path]:
+    """Vanilla scorer artifacts: MiniLM (the real encoder) and optionally a tiny random BERT."""
+    from memprune.scorer import Scorer, ScorerConfig, minilm_path
+
+    made: dict[str, Path] = {}
+    for name in encoders:
+        path = out / f"scorer-{name}"
+        if not (path / "scorer.json").is_file():
+            if name == "minilm":
+                encoder = minilm_path()
+            elif name == "tiny":
+                encoder = str(_tiny_encoder(out / "encoder-tiny"))
+            else:
+                raise SystemExit(f"unknown encoder {name!r} (minilm, tiny)")
+            Scorer.build(ScorerConfig(encoder=encoder), seed=0).save(path)
+        made[name] = path
+    return made
+
+
+def _tiny_encoder(path: Path) -> Path:
+    """A 2-layer, 64-dim BERT with random weights and MiniLM's tokenizer, saved locally."""
+    if (path / "config.json").is_file():
+        return path
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from memprune.scorer import minilm_path
+
+    tok = AutoTokenizer.from_pretrained(minilm_path())
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=128, max_position_embeddings=512))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def run_child(kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run one measurement in a fresh Python process; it prints one JSON line last."""
+    proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], env=_env(), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"{kind} measurement failed for {args}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ measurements (child)
+
+
+class PeakMemory(threading.Thread):
+    """Samples this process and all its descendants (Ray's too): peak summed PSS, CPU seconds per process.
+
+    PSS costs ~5 ms per process to read (the kernel walks the page tables), so it is sampled
+    every `pss_every` seconds only; CPU times (cheap) every `interval` seconds.
+    """
+
+    def __init__(self, interval: float = 0.5, pss_every: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.interval, self.pss_every, self.peak, self.samples = interval, pss_every, 0, 0
+        self.cpu: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+
+    def sample(self, pss: bool = True) -> None:
+        import psutil
+
+        root = psutil.Process()
+        total = 0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                with self._lock:
+                    self.cpu[p.pid] = t.user + t.system
+                if pss:
+                    info = p.memory_full_info()
+                    total += getattr(info, "pss", info.rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        if pss:
+            self.peak = max(self.peak, total)
+            self.samples += 1
+
+    def cpu_snapshot(self) -> dict[int, float]:
+        self.sample(pss=False)
+        with self._lock:
+            return dict(self.cpu)
+
+    def run(self) -> None:
+        last_pss = 0.0
+        while not self._stop_event.is_set():
+            now = time.monotonic()
+            self.sample(pss=now - last_pss >= self.pss_every)
+            if now - last_pss >= self.pss_every:
+                last_pss = now
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        self.sample()
+        return self.peak
+
+
+def child_job(a: dict[str, Any]) -> dict[str, Any]:
+    """Run the prune job once and measure it."""
+    import resource
+
+    import ray
+
+    from memprune.prune import GROUP_KEYS, PruneConfig, list_store_files, open_store, plan_store, run_prune
+
+    mem = PeakMemory()
+    mem.start()
+    t0 = time.perf_counter()
+    # address="local": a fresh local instance even when a `ray start` cluster runs on this machine.
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
+             log_to_driver=False)
+    init_s = time.perf_counter() - t0
+    cpu0 = mem.cpu_snapshot()
+    cfg = PruneConfig(scorer=a["scorer"], input=a["store"], out=a["out"], batch_size=a["batch_size"],
+                      block_rows=a["block_rows"], actors=a.get("actors"), actor_cpus=a.get("actor_cpus", 1.0),
+                      limit_rows=a.get("limit_rows"), progress=False)
+    summary = run_prune(cfg)
+    peak = mem.stop()
+    cpu_s = sum(v - cpu0.get(pid, 0.0) for pid, v in mem.cpu.items())
+    files, _, _ = open_store(list_store_files(a["store"]), None)
+    full_scan = plan_store(files, GROUP_KEYS["session"], a["block_rows"]) if a.get("limit_rows") else None
+    t = summary["timing"]
+    return {
+        "rows": summary["input"]["rows"], "store_rows": summary["input"]["rows_in_files"], "groups": summary["groups"],
+        "mode": summary["grouping"]["mode"], "blocks": summary["grouping"]["blocks"],
+        "actors": summary["resources"]["actors"], "threads_per_actor": summary["resources"]["threads_per_actor"],
+        "ray_init_s": round(init_s, 2), "scan_s": t["scan_s"], "pipeline_s": t["pipeline_s"], "total_s": t["total_s"],
+        "bullets_per_s": t["bullets_per_s"],
+        "full_store_scan_s": round(full_scan.scan_s, 3) if full_scan else t["scan_s"],
+        "peak_tree_pss_mib": round(peak / 2**20, 1), "memory_samples": mem.samples,
+        "cpu_s": round(cpu_s, 1), "cpu_ms_per_bullet": round(1000 * cpu_s / summary["input"]["rows"], 3),
+        "work": t.get("work", {}),
+        "driver_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "kept_per_session": round(summary["result"]["bullets_after"], 3),
+        "bullets_per_session": round(summary["result"]["bullets_before"], 3),
+    }
+
+
+def child_raw(a: dict[str, Any]) -> dict[str, Any]:
+    """The scorer's forward pass over the same bullets in a plain loop (no Ray), 1 thread and all threads.
+
+    "sorted" is the job's own scoring helper per block (each distinct text once, length order);
+    "plain" is `Scorer.score` in input order. CPU ms per bullet come from process time.
+    """
+    import pyarrow.parquet as pq
+    import torch
+
+    from memprune.prune import list_store_files, score_texts
+    from memprune.scorer import Scorer
+
+    texts: list[str] = []
+    for f in list_store_files(a["store"]):
+        texts += pq.read_table(f, columns=["text"]).column("text").to_pylist()
+        if len(texts) >= a["rows"]:
+            break
+    texts = texts[: a["rows"]]
+    scorer = Scorer.load(a["scorer"])
+    block, bs = a["block_rows"], a["batch_size"]
+    out: dict[str, Any] = {"rows": len(texts)}
+    variants = {"sorted": lambda c: score_texts(scorer, c, bs), "plain": lambda c: scorer.score(c, batch_size=bs)}
+    for threads in (1, os.cpu_count() or 1):
+        torch.set_num_threads(threads)
+        for name, fn in variants.items():
+            fn(texts[:bs])  # warm-up
+            t, cpu = time.perf_counter(), time.process_time()
+            for i in range(0, len(texts), block):
+                fn(texts[i : i + block])
+            wall = time.perf_counter() - t
+            out[f"{name}_{threads}t_bullets_per_s"] = round(len(texts) / wall, 1)
+            out[f"{name}_{threads}t_cpu_ms_per_bullet"] = round(1000 * (time.process_time() - cpu) / len(texts), 3)
+    out["threads_all"] = os.cpu_count() or 1
+    return out
+
+
+def child_inproc(a: dict[str, Any]) -> dict[str, Any]:
+    """`MemoryPruner.prune` latency for one session of `n` bullets (median of repeated calls, no Ray)."""
+    import statistics
+
+    import pyarrow.parquet as pq
+    import torch
+
+    from memprune.prune import MemoryPruner, list_store_files
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    texts = pq.read_table(list_store_files(a["store"])[0], columns=["text"]).column("text").to_pylist()
+    pruner = MemoryPruner(a["scorer"], threshold=0.5, top_k=5)
+    times = []
+    for i in range(a["calls"] + 3):
+        session = texts[i * a["n"] : (i + 1) * a["n"]]
+        t = time.perf_counter()
+        pruner.prune(session)
+        if i >= 3:  # warm-up calls excluded
+            times.append(time.perf_counter() - t)
+    return {"bullets": a["n"], "calls": a["calls"], "median_ms": round(1000 * statistics.median(times), 2),
+            "p90_ms": round(1000 * sorted(times)[int(0.9 * len(times))], 2)}
+
+
+# ------------------------------------------------------------------ main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bullets", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--encoders", nargs="+", default=["minilm"], help="minilm and/or tiny")
+    parser.add_argument("--limit-rows", type=int, default=None,
+                        help="cap rows per MiniLM job/raw run (sizes above it run a prefix of the store)")
+    parser.add_argument("--raw-rows", type=int, default=20_000, help="bullets in the raw loop (at most the job's rows)")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--block-rows", type=int, default=2048)
+    parser.add_argument("--actors", type=int, default=None)
+    parser.add_argument("--actor-cpus", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/memprune-prune-bench"))
+    parser.add_argument("--json", type=Path, default=None, help="report file (default OUT/prune_bench.json)")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, payload = args.child
+        result = {"job": child_job, "raw": child_raw, "inproc": child_inproc}[kind](json.loads(payload))
+        print(json.dumps(result))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    scorers = make_scorers(args.out, args.encoders)
+    rows_out: list[dict[str, Any]] = []
+    load = os.getloadavg()[0]
+    for size in args.bullets:
+        store = make_store(size, args.out)
+        for enc, scorer in scorers.items():
+            limit = args.limit_rows if enc == "minilm" else None
+            base = {"scorer": str(scorer), "store": str(store), "batch_size": args.batch_size,
+                    "block_rows": args.block_rows}
+            job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}"), "limit_rows": limit,
+                                    "actors": args.actors, "actor_cpus": args.actor_cpus})
+            raw = run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"])})
+            n_all = raw["threads_all"]
+            cores = min(job["actors"] * job["threads_per_actor"], n_all)
+            # The physical limit: every core busy with the forward pass, in the better of the two layouts
+            # (one process with all threads, or `cores` independent single-thread loops).
+            limit = max(raw[f"sorted_{n_all}t_bullets_per_s"], cores * raw["sorted_1t_bullets_per_s"])
+            row = {"encoder": enc, "store_bullets": job["store_rows"], "job_rows": job["rows"], **job, "raw": raw,
+                   "limit_bullets_per_s": round(limit, 1), "ratio": round(job["bullets_per_s"] / limit, 3),
+                   "ratio_vs_plain_all_threads": round(job["bullets_per_s"] / raw[f"plain_{n_all}t_bullets_per_s"], 3),
+                   "load_avg_1m_after": round(os.getloadavg()[0], 2)}
+            if job["rows"] < job["store_rows"]:
+                row["extrapolated_full_s"] = round(job["full_store_scan_s"] + job["store_rows"] / job["bullets_per_s"], 1)
+            rows_out.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    inproc = {enc: run_child("inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
+                                         "n": 10, "calls": 50}) for enc, sc in scorers.items()}
+    report = {"cpus": os.cpu_count(), "load_avg_1m_at_start": round(load, 2), "batch_size": args.batch_size,
+              "block_rows": args.block_rows, "results": rows_out, "memory_pruner_10_bullets": inproc}
+    json_path = args.json or args.out / "prune_bench.json"
+    json_path.write_text(json.dumps(report, indent=2))
+    print(f"\nprune benchmark ({os.cpu_count()} CPUs, batch {args.batch_size}, block {args.block_rows} rows; "
+          f"load average at start {load:.1f})")
+    header = ("encoder", "store", "job rows", "job b/s", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
+              "job/limit", "peak tree MiB", "pipeline s", "actor load s (sum)", "forward s (sum)", "scan s (full store)")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows_out:
+        n_all, w = r["raw"]["threads_all"], r["work"]
+        print(f"| {r['encoder']} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
+              f"{r['raw']['sorted_1t_bullets_per_s']} | {r['raw'][f'sorted_{n_all}t_bullets_per_s']} | "
+              f"{r['limit_bullets_per_s']} | {r['ratio']} | {r['peak_tree_pss_mib']} | {r['pipeline_s']} | "
+              f"{w.get('actor_load_s')} | {w.get('score_s')} | {r['full_store_scan_s']} |")
+    for enc, r in inproc.items():
+        print(f"MemoryPruner.prune, one session of {r['bullets']} bullets ({enc}): median {r['median_ms']} ms, "
+              f"p90 {r['p90_ms']} ms")
+    print(f"\nJSON: {json_path}")
+
+
+if __name__ == "__main__":
+    main()
