@@ -66,13 +66,31 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None, model: type[M]) -> M:
-    """Read `path` (optional), apply `overrides`, validate with `model`; errors name file and key."""
-    data = read_yaml(path) if path is not None else {}
-    data = merge(data, parse_overrides(overrides))
+def nest(values: dict[str, Any] | None) -> dict[str, Any]:
+    """`{"a.b": 1}` -> `{"a": {"b": 1}}`: typed values (CLI options) under dotted keys, not parsed."""
+    tree: dict[str, Any] = {}
+    for key, value in (values or {}).items():
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return tree
+
+
+def validate(model: type[M], data: dict[str, Any], where: str, prefix: str = "") -> M:
+    """`model.model_validate(data)`, with errors as one `ConfigError` naming `where` and each key."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        where = str(path) if path is not None else "overrides"
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{prefix}{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"{where}: invalid config: {problems}") from exc
+
+
+def load_config(
+    path: str | Path | None, overrides: list[str] | None, model: type[M], values: dict[str, Any] | None = None
+) -> M:
+    """Read `path` (optional), apply `key=value` overrides, then typed dotted-key `values`; validate."""
+    data = read_yaml(path) if path is not None else {}
+    data = merge(merge(data, parse_overrides(overrides)), nest(values))
+    return validate(model, data, str(path) if path is not None else "options")

@@ -27,9 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memprune.config import ConfigError, merge, parse_overrides
 from memprune.io import JsonlSink, atomic_path, read_table, write_json, write_table
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.run import BULLET_TYPE
@@ -78,14 +77,7 @@ class SummarizeConfig(BaseModel):
 
     def llm_settings(self) -> LLMConfig:
         """The LLM config from the file or the inline section, with overrides applied."""
-        if self.llm_config is not None:
-            return LLMConfig.from_yaml(self.llm_config, self.llm_overrides or None)
-        data = merge(self.llm or {}, parse_overrides(self.llm_overrides))
-        try:
-            return LLMConfig.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"llm.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            raise ConfigError(f"invalid inline LLM config: {problems}") from exc
+        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
 
 
 def run(config: SummarizeConfig) -> dict[str, Any]:

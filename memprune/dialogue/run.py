@@ -31,9 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from memprune.config import ConfigError, merge, parse_overrides
 from memprune.dialogue import metrics as M
 from memprune.dialogue.plan import (CONDITIONS, DialogueError, SampleSettings, build_rows, bullets_by_session,
                                     memory_pool, sample_targets)
@@ -153,14 +152,7 @@ class DialogueEvalConfig(BaseModel):
 
     def llm_settings(self) -> LLMConfig:
         """The generator's LLM config from the file or the inline section, with overrides applied."""
-        if self.llm_config is not None:
-            return LLMConfig.from_yaml(self.llm_config, self.llm_overrides or None)
-        data = merge(self.llm or {}, parse_overrides(self.llm_overrides))
-        try:
-            return LLMConfig.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"llm.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            raise ConfigError(f"invalid inline LLM config: {problems}") from exc
+        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
 
     def sample_settings(self) -> SampleSettings:
         return SampleSettings(turns=self.turns, seed=self.seed, min_context_turns=self.min_context_turns,

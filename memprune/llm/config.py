@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from memprune.config import ConfigError, merge, parse_overrides, read_yaml
+from memprune.config import ConfigError, merge, parse_overrides, read_yaml, validate
 
 Engine = Literal["vllm", "http", "hf"]
 Task = Literal["judge", "summarize", "reply"]
@@ -143,12 +143,17 @@ class LLMConfig(BaseModel):
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], overrides: list[str] | None = None) -> "LLMConfig":
         """Read a YAML config and apply `key=value` overrides; errors name the file and the key."""
-        data = merge(read_yaml(path), parse_overrides(overrides))
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors())
-            raise ConfigError(f"{path}: invalid LLM config: {problems}") from exc
+        return cls.resolve(path, None, overrides)
+
+    @classmethod
+    def resolve(
+        cls, path: str | os.PathLike[str] | None, inline: dict[str, Any] | None, overrides: list[str] | None
+    ) -> "LLMConfig":
+        """A stage's LLM section: the YAML file (optional), then inline fields, then `key=value` overrides."""
+        data = read_yaml(path) if path is not None else {}
+        data = merge(merge(data, inline or {}), parse_overrides(overrides))
+        where = " + ".join(w for w in (str(path) if path is not None else "", "llm section" if inline else "") if w)
+        return validate(cls, data, where or "llm section", prefix="llm." if path is None else "")
 
     def prompt_name(self, task: Task) -> str:
         """The prompt template used for `task`."""
