@@ -203,7 +203,9 @@ def summarize(
 @app.command()
 def train(
     data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
-    labels: Optional[Path] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet (`memprune label`)."),
+    labels: Optional[list[Path]] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet (`memprune label`); repeat to mix tables."),
+    label_weight: Optional[list[str]] = typer.Option(None, "--label-weight", help="SOURCE=W loss weight per label source, e.g. qa=5 (repeatable)."),
+    folds: Optional[int] = typer.Option(None, "--folds", min=2, help="k-fold by conversation: OUT/fold<i>/, pooled evaluation."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: <stage>/seed<k>/, run.json, train.md."),
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of vanilla,stage1,stage2 (default all)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma list of seeds (default 0,1,2)."),
@@ -220,12 +222,17 @@ def train(
     from memprune.splits import SplitError
     from memprune.train import TrainError, load_train_config, run_training
 
-    given = {"data": data, "labels": labels, "out": out, "encoder": encoder, "ray.num_workers": workers,
-             "evaluate": evaluate,
+    given = {"data": data, "labels": [str(p) for p in labels] if labels else None, "out": out, "encoder": encoder,
+             "ray.num_workers": workers, "evaluate": evaluate, "folds": folds,
              "stages": [s.strip() for s in stages.split(",") if s.strip()] if stages else None}
     try:
         if seeds:
             given["seeds"] = [int(s) for s in seeds.split(",") if s.strip()]
+        for item in label_weight or []:
+            source, sep, w = item.partition("=")
+            if not sep:
+                raise ValueError(f"--label-weight {item!r} is not SOURCE=WEIGHT")
+            given[f"label_weights.{source.strip()}"] = float(w)
         values = {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None}
         summary = run_training(load_train_config(config, list(set_ or []), values))
     except (TrainError, ConfigError, SchemaError, ScorerError, SplitError, FileNotFoundError, ValueError) as exc:

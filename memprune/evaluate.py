@@ -6,6 +6,12 @@ session_index). Stages and seeds are discovered from the tree. Optional: a corpu
 directory from `memprune ingest` for token counts (bullets.parquet) and, when it has a
 qa.parquet (LoCoMo), the share of QA-evidence bullets that pruning keeps.
 
+A k-fold run (`memprune train --folds K`) has RUN/fold<i>/<stage>/seed<k>/predictions.parquet:
+the test rows of every fold (its held-out conversations) are pooled per (stage, seed) into
+one out-of-fold prediction set and evaluated as one test split; folds must hold disjoint
+conversations, and a fold's `fold.json` manifest, when present, must show that none of its
+test conversations was in its training or validation data.
+
 Output: OUT/metrics.json (every number, per seed and aggregated), OUT/report.md with
 PNG figures, OUT/session_metrics.parquet (per-session values behind the tests) and
 OUT/rejects.jsonl (prediction rows that could not be used, with the reason).
@@ -13,6 +19,7 @@ OUT/rejects.jsonl (prediction rows that could not be used, with the reason).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -37,6 +44,8 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("bullet_id", "split", "label", "score", "co
 SPLITS: tuple[str, ...] = ("test", "validation")
 SPLIT_ALIASES: dict[str, str] = {"valid": "validation", "val": "validation"}  # the train stage writes "valid"
 SEED_DIR = re.compile(r"^seed(\d+)$")
+FOLD_DIR = re.compile(r"^fold(\d+)$")
+FOLD_MANIFEST = "fold.json"
 TURN_SUFFIX = re.compile(r":t(\d+)$")
 
 
@@ -95,6 +104,100 @@ def discover_run(run_dir: str | Path) -> dict[str, dict[int, Path]]:
     if not found:
         raise EvaluationError(f"{root}: no <stage>/seed<k>/predictions.parquet under the run directory")
     return {s: dict(sorted(found[s].items())) for s in sorted(found, key=stage_sort_key)}
+
+
+def discover_folds(run_dir: str | Path) -> dict[int, Path]:
+    """Map fold index -> RUN/fold<i>/ for a k-fold run; empty for a plain run."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        return {}
+    found = {int(m.group(1)): p for p in root.iterdir() if p.is_dir() and (m := FOLD_DIR.match(p.name))}
+    return dict(sorted(found.items()))
+
+
+def _fold_manifest(fold_dir: Path) -> dict[str, set[str]] | None:
+    """The conversations of each split of a fold from its fold.json (None when absent)."""
+    path = fold_dir / FOLD_MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        convs = data["conversations"]
+        return {k: set(map(str, convs.get(k, []))) for k in ("train", "valid", "test")}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise EvaluationError(f"{path}: not a fold manifest (needs conversations.train/valid/test): {exc}") from exc
+
+
+def load_folds(
+    folds: dict[int, Path], ledger: Ledger
+) -> tuple[dict[str, dict[int, pd.DataFrame]], dict[str, Any], list[str]]:
+    """Pool the test rows of every fold per (stage, seed): the out-of-fold predictions of a k-fold run.
+
+    Checks that keep the estimate honest: no conversation (and no bullet) is in the test split
+    of two folds, and, where a fold has `fold.json`, none of its test conversations was in its
+    train or valid split and every predicted test conversation is one the manifest holds out.
+    A (stage, seed) missing from some fold is left out, with a note. Returns the pooled
+    frames (with a `fold` column), the per-fold facts and the notes.
+    """
+    layouts = {i: discover_run(d) for i, d in folds.items()}
+    keys = [{(s, k) for s, seeds in lay.items() for k in seeds} for lay in layouts.values()]
+    common = set.intersection(*keys) if keys else set()
+    notes: list[str] = []
+    partial = sorted(set.union(*keys) - common) if keys else []
+    if partial:
+        notes.append(f"{len(partial)} (stage, seed) run(s) missing from some fold, not pooled: "
+                     + ", ".join(f"{s}/seed{k}" for s, k in partial))
+    if not common:
+        raise EvaluationError(f"{next(iter(folds.values())).parent}: no (stage, seed) is present in every fold")
+    info: dict[str, Any] = {"k": len(folds), "per_fold": {}, "manifests_checked": 0}
+    owner: dict[str, int] = {}  # conversation -> fold whose test split holds it
+    pooled: dict[str, dict[int, list[pd.DataFrame]]] = {}
+    for i, fold_dir in folds.items():
+        manifest = _fold_manifest(fold_dir)
+        if manifest is not None:
+            leak = manifest["test"] & (manifest["train"] | manifest["valid"])
+            if leak:
+                raise EvaluationError(f"{fold_dir / FOLD_MANIFEST}: conversation(s) {sorted(leak)[:3]} are in the test "
+                                      "split and in the training/validation data of the same fold")
+            info["manifests_checked"] += 1
+        fold_convs: set[str] = set()
+        n_rows = 0
+        for stage, seed in sorted(common, key=lambda x: (stage_sort_key(x[0]), x[1])):
+            path = layouts[i][stage][seed]
+            df = load_predictions(path, ledger, ("test",))
+            if not len(df):
+                raise EvaluationError(f"{path}: no usable rows with split == 'test' in fold {i}")
+            convs = set(df["conversation_id"].astype(str))
+            if manifest is not None and not convs <= manifest["test"]:
+                extra = sorted(convs - manifest["test"])
+                raise EvaluationError(f"{path}: test rows of conversation(s) {extra[:3]} that {fold_dir / FOLD_MANIFEST} "
+                                      "does not hold out in this fold")
+            fold_convs |= convs
+            n_rows = max(n_rows, len(df))
+            pooled.setdefault(stage, {}).setdefault(seed, []).append(df.assign(fold=i))
+        for c in fold_convs:
+            if c in owner and owner[c] != i:
+                raise EvaluationError(f"conversation {c!r} is in the test split of fold {owner[c]} and fold {i}: "
+                                      "folds must hold out disjoint conversations")
+            owner[c] = i
+        info["per_fold"][str(i)] = {"dir": str(fold_dir), "n_conversations": len(fold_convs), "n_bullets": n_rows,
+                                    "manifest": manifest is not None}
+    frames: dict[str, dict[int, pd.DataFrame]] = {}
+    for stage in sorted(pooled, key=stage_sort_key):
+        for seed in sorted(pooled[stage]):
+            df = pd.concat(pooled[stage][seed], ignore_index=True)
+            dup = df["bullet_id"].duplicated(keep=False)
+            if dup.any():
+                b = df.loc[dup, "bullet_id"].iat[0]
+                where = sorted(df.loc[df["bullet_id"] == b, "fold"].tolist())
+                raise EvaluationError(f"bullet {b!r} is predicted in the test split of folds {where}: "
+                                      "folds must hold out disjoint conversations")
+            df["_key"] = df["bullet_id"].map(natural_key)
+            df = df.sort_values(["conversation_id", "session_index", "_key"], kind="stable")
+            frames.setdefault(stage, {})[seed] = df.drop(columns="_key").reset_index(drop=True)
+    info["n_conversations"] = len(owner)
+    info["stages"] = {s: sorted(v) for s, v in frames.items()}
+    return frames, info, notes
 
 
 def natural_key(text: str) -> tuple[Any, ...]:
@@ -375,6 +478,11 @@ def pruning_view(
                 "recency_pct": 100.0 * recent_keep[cited].mean() if n_cited else math.nan,
                 "model_beats_random_share": float((keep[cited].mean() > draws).mean()) if n_cited else math.nan,
             }
+            q = row["qa"]
+            # Lift: the model's cited-kept share over what random same-size pruning keeps in expectation.
+            q["lift"] = (q["model_pct"] / q["random_expected_pct"]
+                         if n_cited and q["random_expected_pct"] > 0 else math.nan)
+            q["lift_pp"] = q["model_pct"] - q["random_expected_pct"] if n_cited else math.nan
         out[config_name(threshold, top_k)] = row
     return out
 
@@ -529,6 +637,8 @@ def _evaluate_split(
                     if key not in qa_cache:
                         qa_cache[key] = RandomKeep(codes, cited, config.qa_draws, config.random_seed)
                     random_keep = qa_cache[key]
+            result["classification"] = M.classification_metrics(
+                df["label"].to_numpy(), df["score"].to_numpy(), config.relevance_threshold, cited)
             result["pruning"] = pruning_view(df, config, tokens, cited, recency_rank, random_keep)
             per_seed[stage][str(seed)] = result
             sessions = sessions.assign(stage=stage, seed=seed, split=split)
@@ -546,9 +656,13 @@ def _evaluate_split(
     agg: dict[str, Any] = {}
     for stage in stages:
         runs = per_seed[stage]
-        a: dict[str, Any] = {"n_seeds": len(runs), "regression": {}, "ranking": {}, "pruning": {}}
+        a: dict[str, Any] = {"n_seeds": len(runs), "regression": {}, "ranking": {}, "classification": {},
+                             "pruning": {}}
         for m in M.REGRESSION_METRICS:
             a["regression"][m] = aggregate({int(k): r["regression"][m] for k, r in runs.items()})
+        for m in M.CLASSIFICATION_METRICS:
+            if all(m in r["classification"] for r in runs.values()):
+                a["classification"][m] = aggregate({int(k): r["classification"][m] for k, r in runs.items()})
         for m in M.ranking_metric_names(config.ks):
             a["ranking"][m] = aggregate({int(k): r["ranking"][m]["mean"] for k, r in runs.items()})
             first = next(iter(runs.values()))["ranking"][m]
@@ -626,17 +740,35 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Evaluate every stage and seed of a run; write metrics.json, report.md, figures; return the metrics.
 
-    `overrides` replace fields of `config` (e.g. `splits=("test", "validation")`).
+    `overrides` replace fields of `config` (e.g. `splits=("test", "validation")`). A k-fold
+    run (RUN/fold<i>/...) is evaluated on its pooled out-of-fold test predictions (`load_folds`).
     """
     cfg = replace(config or EvalConfig(), **overrides)
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    layout = discover_run(run_dir)
+    folds = discover_folds(run_dir)
+    fold_info: dict[str, Any] | None = None
+    fold_notes: list[str] = []
+    if folds:
+        if cfg.splits != ("test",):
+            fold_notes.append("k-fold run: only the pooled out-of-fold test predictions are evaluated "
+                              "(validation rows are not pooled)")
+            cfg = replace(cfg, splits=("test",))
+        layout: dict[str, dict[int, Any]] = {}
+    else:
+        layout = discover_run(run_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     sink = JsonlSink(out_dir / "rejects.jsonl")
     ledger = Ledger(sink)
     try:
-        loaded = {s: {k: load_predictions(p, ledger, cfg.splits) for k, p in seeds.items()} for s, seeds in layout.items()}
+        if folds:
+            loaded, fold_info, more = load_folds(folds, ledger)
+            fold_notes += more
+            layout = {s: {k: run_dir / f"fold*/{s}/seed{k}/predictions.parquet" for k in seeds}
+                      for s, seeds in loaded.items()}
+        else:
+            loaded = {s: {k: load_predictions(p, ledger, cfg.splits) for k, p in seeds.items()}
+                      for s, seeds in layout.items()}
     except BaseException:
         sink.abort()
         raise
@@ -651,9 +783,11 @@ def evaluate_run(
         "tokenizer": corpus.tokenizer if corpus else None,
         "inputs": {s: {str(k): str(p) for k, p in seeds.items()} for s, seeds in layout.items()},
         "predictions": ledger.summary(),
-        "notes": [],
+        "notes": fold_notes,
         "splits": {},
     }
+    if fold_info is not None:
+        result["folds"] = fold_info
     tables = []
     for split in cfg.splits:
         frames: dict[str, dict[int, pd.DataFrame]] = {}

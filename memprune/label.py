@@ -14,6 +14,10 @@ is the max (default) or the mean of score * weight over the bullet's scored pair
 Errored pairs are left out of the aggregation; a bullet whose pairs all errored gets no
 label (`all_pairs_failed`), never a default.
 
+Label sources (`source`): `judge` (the above, default), `qa` (QA-evidence labels of a corpus
+with a `qa` table) and `usage` (a usage log of a live chatbot); see `memprune.sources`.
+Every labels row records its source in the `source` column.
+
 Resumable: the work is cut into deterministic shards, each written atomically under
 `OUT/.work/<fingerprint>/` (the fingerprint hashes the inputs and every option that changes
 the judged values). A rerun of the same command reuses finished shards, redoes the rest
@@ -28,6 +32,7 @@ import math
 import os
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +54,7 @@ from memprune.pairs import (
     build_pairs,
     shard_bounds,
 )
+from memprune.rejects import Ledger
 from memprune.schema import LABELS, PAIRS
 
 WORK_VERSION = 1
@@ -89,6 +95,29 @@ class SimilarityOptions(BaseModel):
     actors: int = Field(2, ge=1, description="Actor pool size for executor=ray.")
 
 
+class QALabelSettings(BaseModel):
+    """source=qa: how QA evidence becomes labels (see `memprune.sources.qa_labels`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grading: Literal["binary", "graded"] = Field("binary", description="binary: cited at all; graded: by citing questions")
+    grade_cap: int = Field(3, ge=1, description="graded: label = min(1, n_citing / grade_cap)")
+    later_only: bool = Field(False, description="count only questions whose evidence reaches a later session")
+    categories: list[int] | None = Field(None, description="only QA items of these categories (None = all)")
+
+
+class UsageLabelSettings(BaseModel):
+    """source=usage: the usage log and how its events become labels (see `memprune.sources.usage_labels`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    log: Path | None = Field(None, description="usage log: a .parquet/.jsonl file or a directory of them")
+    aggregation: Literal["max", "mean"] = Field("max", description="label = max or mean of the event values")
+    missing: Literal["unlabelled", "zero"] = Field("unlabelled", description="bullets without events")
+    since: datetime | None = Field(None, description="count only events at or after this time")
+    until: datetime | None = Field(None, description="count only events at or before this time")
+
+
 class LabelConfig(BaseModel):
     """Everything `memprune label` needs; the same keys in YAML for `jobs/label.py`."""
 
@@ -96,6 +125,9 @@ class LabelConfig(BaseModel):
 
     data: Path
     out: Path
+    source: Literal["judge", "qa", "usage"] = Field("judge", description="judge (LLM/similarity), qa or usage")
+    qa: QALabelSettings = Field(default_factory=QALabelSettings)
+    usage: UsageLabelSettings = Field(default_factory=UsageLabelSettings)
     judge: Literal["llm", "similarity"] = "similarity"
     speaker: Literal["all", "same", "other"] = "all"
     context_turns: int = Field(4, ge=0)
@@ -113,7 +145,9 @@ class LabelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _judge_settings(self) -> "LabelConfig":
-        if self.judge == "llm" and self.llm is None and self.llm_config is None:
+        if self.source == "usage" and self.usage.log is None:
+            raise ValueError("source=usage needs the usage log: set `usage.log` (CLI: --usage-log)")
+        if self.source == "judge" and self.judge == "llm" and self.llm is None and self.llm_config is None:
             raise ValueError("judge=llm needs an LLM config: set `llm_config` (a YAML file) or an inline `llm` section")
         return self
 
@@ -206,7 +240,8 @@ def aggregate(pairs: pa.Table, decay: float, how: str = "max") -> tuple[pa.Table
         else:
             vals = weighted[start:stop][seg_ok]
             value = float(vals.max()) if how == "max" else float(vals.sum() / k)
-            labels.append({"bullet_id": ids[start], "label": value, "n_pairs": k, "aggregation": how})
+            labels.append({"bullet_id": ids[start], "label": value, "n_pairs": k, "aggregation": how,
+                           "source": "judge"})
         start = stop
     return pa.Table.from_pylist(labels, schema=LABELS), failed
 
@@ -463,6 +498,8 @@ def write_table_plain(table: pa.Table, path: Path) -> None:
 
 def run_label(cfg: LabelConfig) -> dict[str, Any]:
     """Run the labeling stage described by `cfg`; return the `label.json` summary."""
+    if cfg.source != "judge":
+        return run_source_label(cfg)
     started = time.perf_counter()
     data, out = Path(cfg.data), Path(cfg.out)
     sessions_path, bullets_path = data / "sessions.parquet", data / "bullets.parquet"
@@ -567,6 +604,7 @@ def _summary(cfg: LabelConfig, plan: PairPlan, pairs: pa.Table, labels: pa.Table
     judged = stats.get("pairs_judged", 0)
     return {
         "stage": "label",
+        "source": "judge",
         "judge": judge_name,
         "proxy": cfg.judge == "similarity",
         "config": json.loads(cfg.model_dump_json()),
@@ -631,3 +669,149 @@ def _markdown(s: dict[str, Any]) -> str:
 
 def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+# ------------------------------------------------------------------ the qa and usage sources
+
+
+def run_source_label(cfg: LabelConfig) -> dict[str, Any]:
+    """Labels from the `qa` or `usage` source (no judge); write labels.parquet, unlabelled.jsonl, label.json/md.
+
+    One pass over the inputs, cheap next to judging: a rerun recomputes everything and
+    writes the same tables (every output is written atomically). Usage events that cannot
+    be used are written to `OUT/rejects.jsonl` with file, record, field and reason.
+    """
+    from memprune import sources
+
+    started = time.perf_counter()
+    data, out = Path(cfg.data), Path(cfg.out)
+    bullets_path = data / "bullets.parquet"
+    bullets = read_table(bullets_path, "bullets")
+    inputs: dict[str, str] = {"bullets.parquet": _sha256_file(bullets_path)}
+    out.mkdir(parents=True, exist_ok=True)
+    ledger_summary: dict[str, Any] | None = None
+    if cfg.source == "qa":
+        qa_path, sessions_path = data / "qa.parquet", data / "sessions.parquet"
+        if not qa_path.is_file():
+            raise LabelError(f"{qa_path}: no such file; source qa needs a corpus with a qa table "
+                             "(e.g. `memprune ingest --format locomo`)")
+        qa = read_table(qa_path, "qa")
+        sessions = read_table(sessions_path, "sessions") if sessions_path.is_file() else None
+        inputs["qa.parquet"] = _sha256_file(qa_path)
+        if sessions is not None:
+            inputs["sessions.parquet"] = _sha256_file(sessions_path)
+        q = cfg.qa
+        try:
+            options = sources.QAOptions(grading=q.grading, grade_cap=q.grade_cap, later_only=q.later_only,
+                                        categories=tuple(q.categories) if q.categories is not None else None)
+        except ValueError as exc:
+            raise LabelError(str(exc)) from exc
+        result = sources.qa_labels(bullets, qa, sessions, options)
+        rule = options.rule()
+    else:
+        u = cfg.usage
+        assert u.log is not None  # checked by the config
+        try:
+            options_u = sources.UsageOptions(aggregation=u.aggregation, missing=u.missing, since=u.since, until=u.until)
+        except ValueError as exc:
+            raise LabelError(str(exc)) from exc
+        bullet_conv = dict(zip(bullets.column("bullet_id").to_pylist(), bullets.column("conversation_id").to_pylist()))
+        sink = JsonlSink(out / "rejects.jsonl")
+        ledger = Ledger(sink)
+        try:
+            files = sources.usage_files(u.log)
+            totals, log_counts = sources.read_usage_log(u.log, bullet_conv, ledger, options_u)
+        except sources.SourceError as exc:
+            sink.abort()
+            raise LabelError(str(exc)) from exc
+        except BaseException:
+            sink.abort()
+            raise
+        sink.close()
+        for f in files:
+            inputs[f"usage:{f}"] = _sha256_file(f)
+        result = sources.usage_labels(bullets, totals, options_u, log_counts)
+        ledger_summary = ledger.summary()
+        rule = options_u.rule()
+
+    write_table(result.labels, out / "labels.parquet", "labels")
+    sink_u = JsonlSink(out / "unlabelled.jsonl")
+    try:
+        for row in result.unlabelled:
+            sink_u.write(row)
+    except BaseException:
+        sink_u.abort()
+        raise
+    sink_u.close()
+
+    c = result.counts
+    reconciles = c["bullets"] == c["bullets_labelled"] + c["bullets_unlabelled"]
+    if ledger_summary is not None:
+        reconciles = reconciles and ledger_summary["conservation"] == "ok" and (
+            c["events"] == c["events_counted"] + c["events_outside_window"] + c["events_rejected"])
+    vals = result.labels.column("label").to_numpy() if result.labels.num_rows else np.zeros(0)
+    outputs = ["labels.parquet", "unlabelled.jsonl", "label.json", "label.md"]
+    if ledger_summary is not None:
+        outputs.insert(2, "rejects.jsonl")
+    summary: dict[str, Any] = {
+        "stage": "label",
+        "source": cfg.source,
+        "judge": None,
+        "rule": rule,
+        "proxy": False,
+        "config": json.loads(cfg.model_dump_json()),
+        "inputs": inputs,
+        "counts": c,
+        "reconciles": bool(reconciles),
+        "labels": {
+            "aggregation": rule,
+            "mean": float(vals.mean()) if vals.size else None,
+            "std": float(vals.std()) if vals.size else None,
+            "min": float(vals.min()) if vals.size else None,
+            "max": float(vals.max()) if vals.size else None,
+            "at_least_0.5": int((vals >= 0.5).sum()),
+        },
+        "throughput": {"wall_s": round(time.perf_counter() - started, 3)},
+        "outputs": outputs,
+    }
+    if ledger_summary is not None:
+        summary["ledger"] = ledger_summary
+    write_json(out / "label.json", summary)
+    with atomic_path(out / "label.md") as tmp:
+        tmp.write_text(_source_markdown(summary), encoding="utf-8")
+    return summary
+
+
+def _source_markdown(s: dict[str, Any]) -> str:
+    """A short human-readable report of a qa/usage `label.json`."""
+    c, lab = s["counts"], s["labels"]
+    lines = [
+        f"# Labels (source: {s['source']}, rule `{s['rule']}`)",
+        "",
+        ("> QA-evidence labels: a bullet is positive when questions cite its evidence turns."
+         if s["source"] == "qa" else "> Usage labels: from a log of the memory items replies drew on."),
+        "",
+        "| what | value |",
+        "|---|---|",
+        f"| bullets | {c['bullets']} |",
+        f"| labelled | {c['bullets_labelled']} |",
+        *[f"| unlabelled: {k.removeprefix('unlabelled_').replace('_', ' ')} | {v} |"
+          for k, v in c.items() if k.startswith("unlabelled_")],
+    ]
+    if s["source"] == "qa":
+        lines += [f"| QA items used / total | {c['qa_used']} / {c['qa']} |",
+                  f"| QA items without evidence | {c['qa_without_evidence']} |",
+                  f"| bullets cited | {c['bullets_cited']} |"]
+    else:
+        lines += [f"| events counted / total | {c['events_counted']} / {c['events']} |",
+                  f"| events outside the time window | {c['events_outside_window']} |",
+                  f"| events rejected (rejects.jsonl) | {c['events_rejected']} |",
+                  f"| bullets used | {c['bullets_used']} |"]
+    lines += [
+        f"| label mean / min / max | {_fmt(lab['mean'])} / {_fmt(lab['min'])} / {_fmt(lab['max'])} |",
+        f"| labels >= 0.5 | {lab['at_least_0.5']} |",
+        f"| wall time (s) | {s['throughput']['wall_s']} |",
+        f"| counts reconcile | {s['reconciles']} |",
+        "",
+    ]
+    return "\n".join(lines)

@@ -37,6 +37,10 @@ smaller sessions are left out of the ranking metrics but kept in the regression 
   0 for every model, which says nothing about the ranking).
 
 For k >= n the predicted top k is the whole session.
+
+Classification (over all bullets at once): ROC AUC of the scores for relevance
+(label >= threshold) and, when the corpus has QA evidence, for being QA-cited. NaN when
+only one class is present.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ KS: tuple[int, ...] = (1, 3, 5)
 RELEVANCE_THRESHOLD = 0.5
 REGRESSION_METRICS: tuple[str, ...] = ("mse", "mae", "rmse", "pearson", "spearman")
 SESSION_ERROR_METRICS: tuple[str, ...] = ("mse", "mae", "rmse")
+CLASSIFICATION_METRICS: tuple[str, ...] = ("auc", "qa_auc")
 
 ArrayLike = Sequence[float] | np.ndarray
 
@@ -122,6 +127,41 @@ def regression_metrics(labels: ArrayLike, scores: ArrayLike) -> dict[str, float]
         "pearson": pearson(labels, scores),
         "spearman": spearman(labels, scores),
     }
+
+
+def roc_auc(targets: Sequence[bool] | np.ndarray, scores: ArrayLike) -> float:
+    """ROC AUC of `scores` for the binary `targets` (scikit-learn; ties count one half); NaN with one class.
+
+    The probability that a random positive bullet scores above a random negative one: 0.5 is
+    chance, whatever the share of positives, so it compares label sources of different balance.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    t = np.asarray(targets, dtype=bool)
+    s = np.asarray(scores, dtype=np.float64)
+    if t.ndim != 1 or len(t) != len(s):
+        raise ValueError(f"targets ({t.shape}) and scores ({s.shape}) must be 1-D of equal length")
+    if not np.isfinite(s).all():
+        raise ValueError("scores must be finite (no NaN or inf)")
+    if t.all() or not t.any():
+        return math.nan
+    return float(roc_auc_score(t, s))
+
+
+def classification_metrics(labels: ArrayLike, scores: ArrayLike, threshold: float = RELEVANCE_THRESHOLD,
+                           cited: Sequence[bool] | np.ndarray | None = None) -> dict[str, float]:
+    """AUC of the scores for relevance (label >= threshold) and, with `cited`, for QA citation.
+
+    `auc` ranks against the labels the run was trained on; `qa_auc` against an external target
+    (the bullet's evidence is cited by a QA item), which pseudo labels cannot give.
+    """
+    y, s = _pair(labels, scores)
+    out = {"auc": roc_auc(y >= threshold, s), "positives": float((y >= threshold).sum())}
+    if cited is not None:
+        c = np.asarray(cited, dtype=bool)
+        out["qa_auc"] = roc_auc(c, s)
+        out["qa_positives"] = float(c.sum())
+    return out
 
 
 # ---------------------------------------------------------------- one session

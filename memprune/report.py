@@ -17,6 +17,7 @@ from memprune.io import atomic_path
 STAGE_LABELS = {"vanilla": "Vanilla", "stage1": "Stage 1", "stage2": "Stage 2"}
 REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",
                      "spearman": "Spearman (global) ↑"}
+CLASSIFICATION_LABELS = {"auc": "AUC (relevant = label >= threshold) ↑", "qa_auc": "AUC (QA-cited) ↑"}
 FIGURES = ("ranking_vs_k.png", "reduction_vs_threshold.png", "score_histogram.png", "calibration.png")
 
 
@@ -96,6 +97,9 @@ def quality_tables(split: dict[str, Any], baseline: str, ks: Sequence[int]) -> l
     for m, label in REGRESSION_LABELS.items():
         rows.append([label, *[mean_std(agg[s]["regression"][m]) + _marker(split, "regression", m, s, baseline)
                               for s in stages]])
+    for m, label in CLASSIFICATION_LABELS.items():
+        if all(m in agg[s].get("classification", {}) for s in stages):
+            rows.append([label, *[mean_std(agg[s]["classification"][m]) for s in stages]])
     lines += _table(header, rows)
     lines += ["", "**Session-level ranking** (per session, then averaged; higher is better)", ""]
     rows = []
@@ -191,7 +195,8 @@ def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
 def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
     """Share of QA-evidence bullets kept: the model against random same-size and most-recent pruning."""
     header = ["Stage", "threshold", "top-k", "bullets kept %", "cited kept % (model)",
-              "random same size % (mean ± std over draws)", "random 95% interval", "most recent %"]
+              "random same size % (mean ± std over draws)", "random 95% interval", "most recent %",
+              "lift over random (×)"]
     rows = []
     for s in split["stages"]:
         for n in names:
@@ -204,6 +209,7 @@ def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
                 f"{fmt(q['random_mean_pct']['mean'], 1)} ± {fmt(q['random_std_pct']['mean'], 1)}",
                 f"[{fmt(q['random_p2_5_pct']['mean'], 1)}, {fmt(q['random_p97_5_pct']['mean'], 1)}]",
                 mean_std(q["recency_pct"], 1),
+                mean_std(q.get("lift"), 2),
             ])
     return _table(header, rows)
 
@@ -331,6 +337,11 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
     lines.append(f"- Prediction rows: {sum(p['seen'].values())} read, {rejected} rejected"
                  + (" (see rejects.jsonl)" if rejected else ""))
     lines.append(f"- Relevant: label >= {cfg['relevance_threshold']}; pruning: score >= threshold, then top-k per session")
+    if metrics.get("folds"):
+        f = metrics["folds"]
+        lines.append(f"- k-fold run: {f['k']} folds; the test split below pools the out-of-fold predictions of "
+                     f"{f['n_conversations']} held-out conversations ({f['manifests_checked']} fold manifests "
+                     "checked: no test conversation in its fold's training data)")
     lines += [f"- Note: {note}" for note in metrics.get("notes", [])]
     lines.append("")
 

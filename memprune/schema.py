@@ -72,6 +72,8 @@ LABELS = pa.schema(
         pa.field("label", pa.float64(), nullable=False),
         pa.field("n_pairs", pa.int32(), nullable=False),
         pa.field("aggregation", pa.string(), nullable=False),
+        # judge | qa | usage (memprune.sources); optional: tables written before it existed lack it
+        pa.field("source", pa.string(), nullable=False),
     ]
 )
 
@@ -95,6 +97,9 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 # Primary key of each table: must be unique and non-null.
+# Columns a table may lack (older tables); when present they must match the schema.
+OPTIONAL: dict[str, tuple[str, ...]] = {"labels": ("source",)}
+
 KEYS: dict[str, tuple[str, ...]] = {
     "sessions": ("conversation_id", "session_index"),
     "bullets": ("bullet_id",),
@@ -128,7 +133,8 @@ def check_table(table: pa.Table, name: str) -> list[Problem]:
     problems: list[Problem] = []
     for field in schema:
         if field.name not in table.column_names:
-            problems.append(Problem(field.name, "missing"))
+            if field.name not in OPTIONAL.get(name, ()):
+                problems.append(Problem(field.name, "missing"))
             continue
         column = table.column(field.name)
         if not column.type.equals(field.type):

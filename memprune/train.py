@@ -43,6 +43,7 @@ import signal
 import tempfile
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -1413,6 +1414,123 @@ def run_training(cfg: TrainConfig, assignment: dict[str, str] | None = None,
         evaluate_run(out, out / "eval", data_dir=cfg.data)
         summary["evaluation"] = str(out / "eval" / "report.md")
     return summary
+
+
+# =================================================================== k-fold by conversation
+
+FOLD_MANIFEST = "fold.json"
+
+
+def fold_assignment(conversation_ids: Iterable[str], k: int, seed: int) -> dict[str, int]:
+    """Conversation -> fold in 0..k-1: ids ordered by a seeded SHA-256 and dealt round-robin (sizes differ by <= 1).
+
+    Depends only on the set of ids, `k` and `seed`, not on the input order.
+    """
+    ids = sorted(set(conversation_ids))
+    if len(ids) < k:
+        raise TrainError(f"folds={k} needs at least {k} labelled conversations; the labels cover {len(ids)}")
+    ordered = sorted(ids, key=lambda c: (hashlib.sha256(f"fold\x00{seed}\x00{c}".encode("utf-8")).hexdigest(), c))
+    return {c: i % k for i, c in enumerate(ordered)}
+
+
+def fold_split(fold_of: dict[str, int], fold: int, split: SplitConfig) -> dict[str, str]:
+    """The splits of one fold: its conversations are the test split, the other folds' conversations are cut
+    into train and valid by `split_conversations` (`split.valid`, `split.seed`; `split.test` is not used)."""
+    rest = [c for c, f in fold_of.items() if f != fold]
+    out = dict(split_conversations(rest, SplitConfig(train=None, valid=split.valid, test=0, seed=split.seed)))
+    out.update({c: "test" for c, f in fold_of.items() if f == fold})
+    return out
+
+
+def run_folds(cfg: TrainConfig) -> dict[str, Any]:
+    """k-fold training by conversation: K runs into OUT/fold<i>/, each testing on the conversations it never saw.
+
+    The labelled conversations are dealt into K folds (`fold_assignment`); run i holds out
+    fold i as its test split and trains/validates on the others (`fold_split`), so no
+    conversation's own labels are ever used to predict it. Each fold dir gets a `fold.json`
+    manifest (its train/valid/test conversations) that `memprune evaluate` checks before it
+    pools the K test splits into one out-of-fold prediction set. Embeddings are cached once
+    in OUT/cache and shared by the folds; finished (stage, seed) runs are reused on a rerun.
+    """
+    started = time.perf_counter()
+    k = int(cfg.folds or 0)
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    bullets = read_table(cfg.data / "bullets.parquet", "bullets").select(["bullet_id", "conversation_id"])
+    rejects = JsonlSink(out / "rejects.jsonl")
+    ledger = Ledger(rejects)
+    try:
+        labels, label_counts = load_labels(cfg, set(bullets.column("bullet_id").to_pylist()), ledger)
+    except BaseException:
+        rejects.abort()
+        raise
+    rejects.close()
+    labelled = bullets.join(labels.select(["bullet_id"]), "bullet_id", join_type="inner")
+    fold_of = fold_assignment(labelled.column("conversation_id").to_pylist(), k, cfg.split.seed)
+
+    runs: list[dict[str, Any]] = []
+    per_fold: list[dict[str, Any]] = []
+    for i in range(k):
+        assignment = fold_split(fold_of, i, cfg.split)
+        convs = {s: sorted(c for c, v in assignment.items() if v == s) for s in ("train", "valid", "test")}
+        if set(convs["test"]) & (set(convs["train"]) | set(convs["valid"])):  # impossible by construction
+            raise TrainError(f"fold {i}: a conversation is both held out and trained on")
+        fold_dir = out / f"fold{i}"
+        fold_dir.mkdir(parents=True, exist_ok=True)
+        write_json(fold_dir / FOLD_MANIFEST, {"fold": i, "k": k, "seed": cfg.split.seed, "conversations": convs})
+        console.print(f"fold {i + 1}/{k}: test {len(convs['test'])}, train {len(convs['train'])}, "
+                      f"valid {len(convs['valid'])} conversations", highlight=False)
+        sub = cfg.model_copy(update={"out": fold_dir, "folds": None, "evaluate": False})
+        summary = run_training(sub, assignment=assignment, cache_dir=out / "cache")
+        runs.extend({**r, "fold": i} for r in summary["runs"])
+        per_fold.append({"fold": i, "dir": str(fold_dir), "conversations": {s: len(v) for s, v in convs.items()},
+                         "bullets_per_split": summary["split"]["bullets_per_split"], "wall_s": summary["wall_s"]})
+
+    stage_summary = _stage_summary(runs)
+    for entry in stage_summary.values():
+        entry["seeds"] = sorted(set(entry["seeds"]))
+        entry["folds"] = k
+    result: dict[str, Any] = {
+        "format": TRAIN_FORMAT,
+        "folds": k,
+        "data": str(cfg.data),
+        "labels": [str(p) for p in cfg.labels],
+        "label_weights": cfg.label_weights,
+        "out": str(out),
+        "stages": cfg.stages,
+        "seeds": cfg.seeds,
+        "encoder": cfg.encoder,
+        "labels_counts": label_counts,
+        "rejects": {"file": str(out / "rejects.jsonl"), **ledger.summary()},
+        "fold_of": dict(sorted(fold_of.items())),
+        "per_fold": per_fold,
+        "runs": runs,
+        "stage_summary": stage_summary,
+        "wall_s": round(time.perf_counter() - started, 3),
+        "config": cfg.model_dump(mode="json"),
+    }
+    write_json(out / "run.json", result)
+    lines = ["# memprune train (k-fold by conversation)", "",
+             f"- {k} folds over {len(fold_of)} labelled conversations (seed {cfg.split.seed}); each fold is the test "
+             "split of one run and never in its training or validation data",
+             f"- labels: {', '.join(f'`{x}`' for x in result['labels'])}; by source {label_counts['labels_by_source']}; "
+             f"{label_counts['labels_superseded']} superseded, {label_counts['labels_rejected']} rejected",
+             f"- total wall time: {result['wall_s']:.1f} s", "",
+             "| fold | test / train / valid conversations | test bullets | wall s |", "|---|---|---|---|"]
+    for f in per_fold:
+        c = f["conversations"]
+        lines.append(f"| {f['fold']} | {c['test']} / {c['train']} / {c['valid']} | {f['bullets_per_split']['test']} | "
+                     f"{f['wall_s']:.1f} |")
+    lines += ["", "Pooled evaluation of the out-of-fold predictions: `memprune evaluate --run OUT`.", ""]
+    with atomic_path(out / "train.md") as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    if cfg.evaluate:
+        from memprune.evaluate import evaluate_run
+
+        console.print(f"evaluating the pooled out-of-fold predictions -> {out / 'eval'}", highlight=False)
+        evaluate_run(out, out / "eval", data_dir=cfg.data)
+        result["evaluation"] = str(out / "eval" / "report.md")
+    return result
 
 
 def _stage_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

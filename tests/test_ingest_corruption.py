@@ -84,7 +84,7 @@ def mutated(draw, obj: Any) -> Any:
         if action == "delete":
             del parent[path[-1]]
         elif action == "wrong":
-            parent[path[-1]] = draw(st.sampled_from(WRONG_VALUES))
+            parent[path[-1]] = copy.deepcopy(draw(st.sampled_from(WRONG_VALUES)))
         elif isinstance(parent[path[-1]], list):
             parent[path[-1]] = []
     return obj

@@ -53,7 +53,9 @@ def wait_for(url: str, head: subprocess.Popen, timeout: float) -> None:
 def ray_head(tmp_path: Path):
     """A one-node Ray cluster on 127.0.0.1 with the job server; yields the dashboard address."""
     gcs, dash, agent_http, agent_grpc, metrics, env_agent, client, node_mgr, obj_mgr = free_ports(9)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    # the venv first on PATH, as with an activated environment: the job's `python` is this interpreter
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     log = open(tmp_path / "head.log", "w")
     head = subprocess.Popen(
