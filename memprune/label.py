@@ -40,9 +40,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memprune.config import ConfigError, merge, parse_overrides, read_yaml
+from memprune.config import load_config
 from memprune.io import JsonlSink, atomic_path, read_table, write_json, write_table
 from memprune.judge import SimilarityJudge
 from memprune.pairs import (
@@ -171,39 +171,15 @@ def load_label_config(
     overrides: list[str] | None = None,
     values: dict[str, Any] | None = None,
 ) -> LabelConfig:
-    """A `LabelConfig` from a YAML file (optional), `key=value` overrides, then dotted-key `values`.
-
-    `values` carries typed CLI options (no YAML parsing of paths); errors name the file and key.
-    """
-    tree: dict[str, Any] = {}
-    for key, value in (values or {}).items():
-        node = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    data = read_yaml(path) if path is not None else {}
-    data = merge(merge(data, parse_overrides(overrides)), tree)
-    try:
-        return LabelConfig.model_validate(data)
-    except ValidationError as exc:
-        where = str(path) if path is not None else "options"
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{where}: invalid label config: {problems}") from exc
+    """A `LabelConfig` from a YAML file (optional), `key=value` overrides, then dotted-key typed `values`."""
+    return load_config(path, overrides, LabelConfig, values)
 
 
 def _llm_config(cfg: LabelConfig) -> Any:
     """The `memprune.llm.LLMConfig`: the `llm_config` file, then the inline `llm` section, then `llm_overrides`."""
     from memprune.llm import LLMConfig
 
-    data = read_yaml(cfg.llm_config) if cfg.llm_config is not None else {}
-    data = merge(merge(data, cfg.llm or {}), parse_overrides(cfg.llm_overrides))
-    try:
-        return LLMConfig.model_validate(data)
-    except ValidationError as exc:
-        where = f"{cfg.llm_config} + llm section" if cfg.llm_config is not None else "llm section"
-        problems = "; ".join(f"llm.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{where}: invalid LLM config: {problems}") from exc
+    return LLMConfig.resolve(cfg.llm_config, cfg.llm, cfg.llm_overrides)
 
 
 # ------------------------------------------------------------------ aggregation (pure)

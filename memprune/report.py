@@ -126,7 +126,7 @@ def significance_table(split: dict[str, Any]) -> list[str]:
     header = ["Metric"]
     for n in names:
         a, b = stage_label(sig[n]["stage"]), stage_label(sig[n]["reference"])
-        header += [f"Δ {a} − {b}", f"p Wilcoxon (sessions)", f"p paired t (seeds)"]
+        header += [f"Δ {a} − {b}", "p Wilcoxon (sessions)", "p paired t (seeds)"]
     rows = []
     for family in ("regression", "ranking"):
         for m in sig[names[0]][family]:

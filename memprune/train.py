@@ -253,25 +253,9 @@ def load_train_config(
     path: str | os.PathLike[str] | None, overrides: list[str] | None = None, values: dict[str, Any] | None = None
 ) -> TrainConfig:
     """A `TrainConfig` from a YAML file (optional), `key=value` overrides, then dotted-key typed `values`."""
-    from pydantic import ValidationError
+    from memprune.config import load_config
 
-    from memprune.config import ConfigError, merge, parse_overrides, read_yaml
-
-    tree: dict[str, Any] = {}
-    for key, value in (values or {}).items():
-        node = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    data = read_yaml(path) if path is not None else {}
-    data = merge(merge(data, parse_overrides(overrides)), tree)
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        where = str(path) if path is not None else "options"
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{where}: invalid train config: {problems}") from exc
+    return load_config(path, overrides, TrainConfig, values)
 
 
 def _digest(obj: Any) -> str:
