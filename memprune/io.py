@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -153,3 +153,35 @@ class JsonlSink:
             self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
         except RuntimeError:
             pass
+
+
+def resumable_chunks(
+    table: pa.Table,
+    chunk_rows: int,
+    work: Path,
+    fn: Callable[[pa.Table], pa.Table],
+    schema: pa.Schema,
+    desc: str,
+    progress: bool = True,
+    setup: Callable[[], None] | None = None,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """`fn` over consecutive row chunks of `table`, each result saved atomically under `work`.
+
+    A rerun reuses every chunk already saved and computes only the missing ones, so a killed
+    long job resumes where it stopped. `setup` (e.g. starting Ray) runs once, only if work is left.
+    """
+    from tqdm import tqdm
+
+    work.mkdir(parents=True, exist_ok=True)
+    bounds = [(s, min(s + chunk_rows, table.num_rows)) for s in range(0, table.num_rows, chunk_rows)]
+    paths = [work / f"chunk-{i:05d}.parquet" for i in range(len(bounds))]
+    pending = [i for i, p in enumerate(paths) if not p.exists()]
+    if pending and setup is not None:
+        setup()
+    for i in tqdm(pending, desc=desc, unit="chunk", disable=not progress):
+        a, b = bounds[i]
+        result = fn(table.slice(a, b - a))
+        with atomic_path(paths[i]) as tmp:
+            pq.write_table(result, tmp)
+    results = pa.concat_tables([pq.read_table(p, schema=schema) for p in paths]) if paths else schema.empty_table()
+    return results, {"chunks": len(bounds), "reused": len(bounds) - len(pending), "work": str(work)}

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memprune.config import load_config
 from memprune.io import JsonlSink, atomic_path, read_table, write_json, write_table
+from memprune.raysession import ensure_ray
 from memprune.judge import SimilarityJudge
 from memprune.pairs import (
     NO_NEXT_SESSION,
@@ -337,13 +338,6 @@ def _judge_similarity(cfg: LabelConfig, plan: PairPlan, work: WorkDir, judge: Si
     return scores, [None] * plan.pairs.num_rows
 
 
-def _ensure_ray() -> None:
-    import ray
-
-    if not ray.is_initialized():
-        ray.init()
-
-
 def _encode_with_ray(cfg: LabelConfig, vocab: list[str], bounds: list[tuple[int, int]], pending: list[int],
                      work: WorkDir, judge: SimilarityJudge, bar: Any) -> None:
     """Encode the pending shards on a Ray Data actor pool; the driver writes each shard as it arrives."""
@@ -352,7 +346,7 @@ def _encode_with_ray(cfg: LabelConfig, vocab: list[str], bounds: list[tuple[int,
 
     from memprune.judge import SimilarityEncoder
 
-    _ensure_ray()
+    ensure_ray()
     items = [{"shard": i, "texts": vocab[bounds[i][0]:bounds[i][1]]} for i in pending]
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     ds = ds.map_batches(
@@ -421,7 +415,7 @@ def _judge_llm(cfg: LabelConfig, plan: PairPlan, work: WorkDir, judge: Any,
     t0 = time.perf_counter()
     judged = 0
     if pending:
-        _ensure_ray()
+        ensure_ray()
         base = plan.pairs.select(["bullet_id", "turn_id", "bullet", "context", "target", "target_speaker"])
         base = base.append_column("pos", pa.array(np.arange(n, dtype=np.int64)))
         bar = tqdm(total=sum(bounds[i][1] - bounds[i][0] for i in pending), desc="label: judge pairs",

@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memprune.io import atomic_path, write_json
 from memprune.prune_rule import group_codes, prune_mask
+from memprune.raysession import ensure_ray
 from memprune.schema import BULLETS, SchemaError
 
 PRUNE_FORMAT = 1
@@ -861,17 +862,6 @@ def _user_error(exc: BaseException) -> PruneError | None:
     return PruneError(match[-1][1].strip()) if match else None
 
 
-def ensure_ray(address: str | None = None) -> None:
-    """Connect to `address` (or RAY_ADDRESS), else start local Ray; no-op when already connected."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
-    if address:
-        kwargs["address"] = address
-    ray.init(**kwargs)
 
 
 @dataclass
@@ -915,10 +905,22 @@ def run_prune(config: PruneConfig) -> dict[str, Any]:
     settings = settings_of(config)
     out = Path(config.out)
     files, schema, notes = open_store(list_store_files(config.input), config.columns)
-    from ray.data import DataContext
+    rows_wanted = min(sum(f.num_rows for f in files), config.limit_rows or math.inf)
+    res: Resources | None = None
+    init_s = 0.0
+    block_rows = config.block_rows
+    if rows_wanted:
+        t0 = time.perf_counter()
+        ensure_ray(config.ray_address)
+        import ray
+        from ray.data import DataContext
 
-    block_rows = block_rows_for(config.block_rows, bytes_per_row(files, schema.names),
-                                DataContext.get_current().target_max_block_size or 2**27)
+        init_s = time.perf_counter() - t0
+        res = plan_resources(config, ray.cluster_resources())
+        block_rows = block_rows_for(block_rows, bytes_per_row(files, schema.names),
+                                    DataContext.get_current().target_max_block_size or 2**27)
+        # At least ~4 blocks per actor, so that no actor idles while another finishes the last big block.
+        block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (4 * res.actors))))
     plan = plan_store(files, keys, block_rows, config.grouping, config.limit_rows)
     from rich.console import Console
 
@@ -928,14 +930,15 @@ def run_prune(config: PruneConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{STORE_DIR}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        if plan.rows == 0:
-            res, stats, tokenizer_name = None, empty_stats(settings) | {"split_groups": 0, "blocks": 0}, config.tokenizer
+        if plan.rows == 0 or res is None:
+            stats, tokenizer_name = empty_stats(settings) | {"split_groups": 0, "blocks": 0}, config.tokenizer
             timing: dict[str, float] = {}
             tmp.mkdir(parents=True)
             out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
             pq.write_table(out_schema.empty_table(), tmp / "part-00000.parquet")
         else:
-            res, stats, timing = _run_pipeline(config, plan, schema, keys, settings, tmp)
+            stats, timing = _run_pipeline(config, res, plan, schema, keys, settings, tmp)
+            timing = {"ray_init_s": init_s, **timing}
             tokenizer_name = _tokenizer_name(config.tokenizer, scorer_info["encoder"])
         written = _finalize_files(tmp)
         rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
@@ -967,7 +970,7 @@ def run_prune(config: PruneConfig) -> dict[str, Any]:
                    "max": stats["score_max"], "below_threshold": stats["below_threshold"]},
         "resources": None if res is None else {"actors": res.actors, "device": res.device, "threads_per_actor": res.threads,
                                                 "actor_cpu_request": res.actor_cpu_request, "batch_size": config.batch_size,
-                                                "block_rows": config.block_rows},
+                                                "block_rows": block_rows},
         "timing": {
             "total_s": round(total_s, 3), "scan_s": round(plan.scan_s, 3),
             **{k: round(v, 3) for k, v in timing.items()},
@@ -1020,19 +1023,15 @@ def _tokenizer_name(spec: str, encoder: str) -> str:
 
 
 def _run_pipeline(
-    config: PruneConfig, plan: Plan, schema: pa.Schema, keys: tuple[str, ...],
+    config: PruneConfig, res: Resources, plan: Plan, schema: pa.Schema, keys: tuple[str, ...],
     settings: list[tuple[float | None, int | None]], tmp: Path,
-) -> tuple[Resources, dict[str, Any], dict[str, float]]:
-    """Assemble and run the Ray Data pipeline; write the store into `tmp`; return resources and counters."""
-    t0 = time.perf_counter()
-    ensure_ray(config.ray_address)
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Assemble and run the Ray Data pipeline; write the store into `tmp`; return counters and timing."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
-    timing = {"ray_init_s": time.perf_counter() - t0}
+    timing: dict[str, float] = {}
     t1 = time.perf_counter()
-
-    res = plan_resources(config, ray.cluster_resources())
     ctx = DataContext.get_current()
     saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
     ctx.execution_options.preserve_order = True
@@ -1075,7 +1074,7 @@ def _run_pipeline(
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
         ray.kill(tally)
-    return res, stats, timing
+    return stats, timing
 
 
 def _finalize_files(tmp: Path) -> list[Path]:

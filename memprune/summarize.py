@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memprune.io import JsonlSink, atomic_path, read_table, write_json, write_table
+from memprune.io import JsonlSink, atomic_path, read_table, resumable_chunks, write_json, write_table
+from memprune.raysession import ensure_ray
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.run import BULLET_TYPE
 from memprune.rejects import Ledger
@@ -138,8 +139,6 @@ def _summarize_chunk(table: pa.Table, llm: LLMConfig, block_rows: int) -> pa.Tab
 def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions: int = 2048, block_rows: int = 16,
               limit: int | None = None, progress: bool = True) -> dict[str, Any]:
     """Summarize every session of `DATA/sessions.parquet` into bullets; write the tables to `out`; return the summary."""
-    import ray
-    from tqdm import tqdm
 
     data, out = Path(data), Path(out)
     sessions_path = data / "sessions.parquet"
@@ -153,20 +152,9 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
         sessions = sessions.slice(0, limit)
     out.mkdir(parents=True, exist_ok=True)
     work = out / ".work" / _fingerprint(sessions_path, llm, chunk_sessions, limit)
-    work.mkdir(parents=True, exist_ok=True)
-
-    bounds = [(s, min(s + chunk_sessions, sessions.num_rows)) for s in range(0, sessions.num_rows, chunk_sessions)]
-    paths = [work / f"chunk-{i:05d}.parquet" for i in range(len(bounds))]
-    pending = [i for i, p in enumerate(paths) if not p.exists()]
-    if pending and not ray.is_initialized():
-        ray.init()
-    for i in tqdm(pending, desc="summarize: chunks", unit="chunk", disable=not progress):
-        a, b = bounds[i]
-        result = _summarize_chunk(sessions.slice(a, b - a), llm, block_rows)
-        with atomic_path(paths[i]) as tmp:
-            pq.write_table(result, tmp)
-    summaries = pa.concat_tables([pq.read_table(p, schema=SUMMARIES) for p in paths]) if paths \
-        else SUMMARIES.empty_table()
+    summaries, chunk_stats = resumable_chunks(sessions, chunk_sessions, work,
+                                              lambda chunk: _summarize_chunk(chunk, llm, block_rows), SUMMARIES,
+                                              "summarize: chunks", progress, setup=ensure_ray)
 
     ledger_sink = JsonlSink(out / "rejects.jsonl")
     ledger = Ledger(ledger_sink)
@@ -212,7 +200,7 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
         },
         "llm_outcome": outcome,
         "bullets_per_session": _distribution(per_session),
-        "chunks": {"total": len(bounds), "reused": len(bounds) - len(pending), "work": str(work)},
+        "chunks": {"total": chunk_stats["chunks"], "reused": chunk_stats["reused"], "work": chunk_stats["work"]},
         "settings": {"llm": llm.model_dump(mode="json"), "chunk_sessions": chunk_sessions,
                      "block_rows": block_rows, "limit": limit},
         "seconds": round(time.perf_counter() - started, 3),

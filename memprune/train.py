@@ -56,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 
 from memprune.io import JsonlSink, atomic_path, read_table, write_json, write_table
+from memprune.raysession import ensure_ray
 from memprune.rejects import Ledger
 from memprune.scorer import (
     DEFAULT_ENCODER,
@@ -1278,23 +1279,6 @@ def _concurrency(cfg: TrainConfig, n_chains: int) -> int:
     if cfg.ray.num_workers > 0 and _gpu_available(cfg.ray.use_gpu):
         fits = min(fits, int(res.get("GPU", 0) // cfg.ray.num_workers))
     return max(1, min(fits, n_chains))
-
-
-def ensure_ray(address: str | None = None) -> None:
-    """Connect to `address` (or RAY_ADDRESS), else start an embedded local Ray; no-op when connected.
-
-    Without either, a new local instance is started (`address="local"`) rather than attaching to
-    whatever cluster /tmp/ray/ray_current_cluster names: on a shared machine that may be another
-    process's instance. `ray.address: auto` attaches to a running local cluster on purpose.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "configure_logging": False}
-    kwargs["address"] = address or os.environ.get("RAY_ADDRESS") or "local"
-    ray.init(**kwargs)
 
 
 def run_training(cfg: TrainConfig, assignment: dict[str, str] | None = None,

@@ -170,10 +170,6 @@ def test_cli_synth_then_stats(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "synth.json").read_text())
     assert summary["counts"]["conversations"] == 6 and summary["config"]["seed"] == 1
-    try:
-        from memprune.ingest import corpus_stats  # noqa: F401
-    except ImportError:
-        pytest.skip("memprune.ingest.corpus_stats not available yet")
     result = runner.invoke(app, ["stats", str(out)])
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout[result.stdout.index("{") :])

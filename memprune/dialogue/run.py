@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from memprune.dialogue import metrics as M
 from memprune.dialogue.plan import (CONDITIONS, DialogueError, SampleSettings, build_rows, bullets_by_session,
                                     memory_pool, sample_targets)
-from memprune.io import JsonlSink, atomic_path, read_table, write_json
+from memprune.io import JsonlSink, atomic_path, read_table, resumable_chunks, write_json
+from memprune.raysession import ensure_ray
 from memprune.judge import model_label
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.prompts import load_template, reply_messages
@@ -299,25 +300,13 @@ def _generate_chunk(rows: pa.Table, llm: LLMConfig, block_rows: int) -> pa.Table
 def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path, chunk_rows: int, block_rows: int,
                      progress: bool = True) -> tuple[pa.Table, dict[str, Any]]:
     """Replies for every generation row, in row order; chunks already under OUT/.work/<fingerprint>/ are reused."""
-    import ray
-    from tqdm import tqdm
 
     work = out / ".work" / _fingerprint(rows, llm)
-    work.mkdir(parents=True, exist_ok=True)
-    bounds = [(s, min(s + chunk_rows, rows.num_rows)) for s in range(0, rows.num_rows, chunk_rows)]
-    paths = [work / f"chunk-{i:05d}.parquet" for i in range(len(bounds))]
-    pending = [i for i, p in enumerate(paths) if not p.exists()]
-    if pending and not ray.is_initialized():
-        ray.init()
-    for i in tqdm(pending, desc="dialogue-eval: generation chunks", unit="chunk", disable=not progress):
-        a, b = bounds[i]
-        result = _generate_chunk(rows.slice(a, b - a), llm, block_rows)
-        with atomic_path(paths[i]) as tmp:
-            pq.write_table(result, tmp)
-    results = pa.concat_tables([pq.read_table(p, schema=RESULTS) for p in paths]) if paths else RESULTS.empty_table()
+    results, stats = resumable_chunks(rows, chunk_rows, work, lambda chunk: _generate_chunk(chunk, llm, block_rows),
+                                      RESULTS, "dialogue-eval: generation chunks", progress, setup=ensure_ray)
     if results.column("row_id").to_pylist() != rows.column("row_id").to_pylist():
         raise RuntimeError(f"{work}: the saved chunks do not match the generation rows; delete it and rerun")
-    return results, {"chunks": len(bounds), "reused": len(bounds) - len(pending), "work": str(work)}
+    return results, stats
 
 
 # =================================================================== scoring
