@@ -251,9 +251,9 @@ def prune(
     scorer: Path = typer.Option(..., "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
     input: Path = typer.Option(..., "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or corpus dir."),
     out: Path = typer.Option(..., "--out", "-o", help="Output dir: pruned/ (store + score, keep), prune.json, prune.md."),
-    threshold: float = typer.Option(0.5, "--threshold", help="Drop bullets scored below this."),
-    top_k: int = typer.Option(5, "--top-k", min=0, help="Keep at most k per group (0 = no cap)."),
-    group_by: str = typer.Option("session", "--group-by", help="Group: session, conversation or speaker."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop bullets scored below this [default: 0.5]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", min=0, help="Keep at most k per group, 0 = no cap [default: 5]."),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/prune-*.yaml); flags win."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Extra config key=value (batch_size=256, actors=2, ...)."),
 ) -> None:
@@ -261,8 +261,10 @@ def prune(
     from memprune.config import ConfigError, load_config
     from memprune.prune import PruneConfig, PruneError, run_prune
 
-    flags = [f"scorer={scorer}", f"input={input}", f"out={out}", f"threshold={threshold}",
-             f"top_k={top_k if top_k else 'null'}", f"group_by={group_by}"]
+    flags = [f"{k}={json.dumps(str(v))}" for k, v in (("scorer", scorer), ("input", input), ("out", out))]  # quoted: any path
+    flags += [f"threshold={threshold}"] if threshold is not None else []
+    flags += [f"top_k={top_k or 'null'}"] if top_k is not None else []
+    flags += [f"group_by={json.dumps(group_by)}"] if group_by is not None else []
     try:
         cfg = load_config(config, [*(set_ or []), *flags], PruneConfig)
         summary = run_prune(cfg)
@@ -270,7 +272,7 @@ def prune(
         fail(str(exc))
     r = summary["result"]
     console.print(
-        f"kept {r['bullets_after']:.2f} of {r['bullets_before']:.2f} bullets per {group_by} "
+        f"kept {r['bullets_after']:.2f} of {r['bullets_before']:.2f} bullets per {cfg.group_by} "
         f"(-{r['bullet_reduction_pct'] or 0:.1f}% bullets, -{r['token_reduction_pct'] or 0:.1f}% tokens) -> {out}",
         highlight=False,
     )

@@ -931,7 +931,7 @@ def run_prune(config: PruneConfig) -> dict[str, Any]:
     tmp = out / f".{STORE_DIR}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         if plan.rows == 0 or res is None:
-            stats, tokenizer_name = empty_stats(settings) | {"split_groups": 0, "blocks": 0}, config.tokenizer
+            stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
             timing: dict[str, float] = {}
             tmp.mkdir(parents=True)
             out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
@@ -939,7 +939,6 @@ def run_prune(config: PruneConfig) -> dict[str, Any]:
         else:
             stats, timing = _run_pipeline(config, res, plan, schema, keys, settings, tmp)
             timing = {"ray_init_s": init_s, **timing}
-            tokenizer_name = _tokenizer_name(config.tokenizer, scorer_info["encoder"])
         written = _finalize_files(tmp)
         rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
         if not (plan.rows == stats["rows"] == rows_out):
@@ -962,7 +961,7 @@ def run_prune(config: PruneConfig) -> dict[str, Any]:
                  "ties": "higher score first, then earlier input position"},
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
                      "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
-        "tokenizer": tokenizer_name,
+        "tokenizer": _tokenizer_name(config.tokenizer, scorer_info["encoder"]),
         "groups": stats["groups"],
         "result": summarize_stats(stats, settings)[setting_name(config.threshold, config.top_k)],
         "settings": summarize_stats(stats, settings),
