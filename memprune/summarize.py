@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from memprune.io import JsonlSink, atomic_path, read_table, resumable_chunks, write_json, write_table
 from memprune.raysession import ensure_ray
 from memprune.llm import LLMConfig, outcome_summary, run_llm
-from memprune.llm.run import BULLET_TYPE
+from memprune.llm.run import BULLET_TYPE, COMMON_FIELDS
 from memprune.rejects import Ledger
 from memprune.schema import BULLETS, bullet_id
 
@@ -44,11 +44,7 @@ SUMMARIES = pa.schema([
     pa.field("evidence_dropped", pa.int64()),
     pa.field("bullets_dropped", pa.int64()),
     pa.field("parse", pa.string()),
-    pa.field("raw", pa.string()),
-    pa.field("error", pa.string()),
-    pa.field("attempts", pa.int64()),
-    pa.field("tokens_in", pa.int64()),
-    pa.field("tokens_out", pa.int64()),
+    *COMMON_FIELDS,
 ])
 
 

@@ -41,6 +41,7 @@ from memprune.raysession import ensure_ray
 from memprune.judge import model_label
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.prompts import load_template, reply_messages
+from memprune.llm.run import COMMON_FIELDS
 from memprune.rejects import Ledger
 
 DIALOGUE_FORMAT = 1
@@ -49,11 +50,7 @@ RESULTS = pa.schema([
     pa.field("row_id", pa.string(), nullable=False),
     pa.field("reply", pa.string()),
     pa.field("parse", pa.string()),
-    pa.field("raw", pa.string()),
-    pa.field("error", pa.string()),
-    pa.field("attempts", pa.int64()),
-    pa.field("tokens_in", pa.int64()),
-    pa.field("tokens_out", pa.int64()),
+    *COMMON_FIELDS,
 ])
 METRICS = ("bleu", "rouge_l", "bertscore_f1", "mauve")
 METRIC_NAMES = {"bleu": "BLEU", "rouge_l": "ROUGE-L", "bertscore_f1": "BERTScore F1", "mauve": "MAUVE"}

@@ -103,12 +103,8 @@ def render_turn(speaker: Any, text: Any, turn_label: str | None = None) -> str:
     return f'<turn{ident} speaker="{escape(speaker)}">{escape(text)}</turn>'
 
 
-def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
-    """The judge prompt for one (bullet, context, target) row."""
-    for key in ("bullet", "target"):
-        value = row.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise PromptError(f"field {key!r} must be a non-empty string, got {value!r}")
+def render_context(row: Mapping[str, Any]) -> list[str]:
+    """The row's `context` (list of {speaker, text}) as `<turn>` lines; a malformed context is a `PromptError`."""
     context = row.get("context") or []
     if not isinstance(context, Sequence) or isinstance(context, str):
         raise PromptError(f"field 'context' must be a list of {{speaker, text}}, got {type(context).__name__}")
@@ -117,6 +113,16 @@ def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dic
         if not isinstance(turn, Mapping) or "text" not in turn:
             raise PromptError(f"field 'context' item {i} must be a {{speaker, text}} mapping, got {turn!r}")
         lines.append(render_turn(turn.get("speaker"), turn.get("text")))
+    return lines
+
+
+def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The judge prompt for one (bullet, context, target) row."""
+    for key in ("bullet", "target"):
+        value = row.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise PromptError(f"field {key!r} must be a non-empty string, got {value!r}")
+    lines = render_context(row)
     values = {
         "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
         "target_speaker": escape(row.get("target_speaker")),
@@ -169,14 +175,7 @@ def reply_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dic
     speaker = row.get("target_speaker")
     if not isinstance(speaker, str) or not speaker.strip():
         raise PromptError(f"field 'target_speaker' must be a non-empty string, got {speaker!r}")
-    context = row.get("context") or []
-    if not isinstance(context, Sequence) or isinstance(context, str):
-        raise PromptError(f"field 'context' must be a list of {{speaker, text}}, got {type(context).__name__}")
-    lines = []
-    for i, turn in enumerate(context):
-        if not isinstance(turn, Mapping) or "text" not in turn:
-            raise PromptError(f"field 'context' item {i} must be a {{speaker, text}} mapping, got {turn!r}")
-        lines.append(render_turn(turn.get("speaker"), turn.get("text")))
+    lines = render_context(row)
     memory = row.get("memory")
     if memory is None:
         memory = []
