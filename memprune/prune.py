@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from memprune.io import atomic_path, write_json
 from memprune.prune_rule import group_codes, prune_mask
 from memprune.raysession import ensure_ray
+from memprune.tokens import count_words, file_counter, tokenizer_file
 from memprune.schema import BULLETS, SchemaError
 
 PRUNE_FORMAT = 1
@@ -308,7 +309,7 @@ def make_token_counter(spec: str, scorer: Any | None = None) -> tuple[Callable[[
     `tokenizer.json` or a directory holding one (never a download).
     """
     if spec == "whitespace":
-        return (lambda texts: np.fromiter((len(t.split()) for t in texts), dtype=np.int64, count=len(texts))), "whitespace words"
+        return count_words, "whitespace words"
     if spec == "encoder":
         if scorer is None:
             raise PruneError("tokenizer 'encoder' needs the loaded scorer")
@@ -331,29 +332,15 @@ def make_token_counter(spec: str, scorer: Any | None = None) -> tuple[Callable[[
             return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
 
         return count_encoder, f"tokens of the scorer's encoder tokenizer ({scorer.config.encoder}, no special tokens)"
-    from tokenizers import Tokenizer
-
-    file = Path(spec)
-    file = file / "tokenizer.json" if file.is_dir() else file
-    if not file.is_file():
-        raise PruneError(f"{file}: tokenizer file not found (give 'encoder', 'whitespace', a tokenizer.json or its dir)")
-    tk = Tokenizer.from_file(str(file))
-    tk.no_truncation()
-    tk.no_padding()
-
-    def count_file(texts: Sequence[str]) -> np.ndarray:
-        enc = tk.encode_batch(list(texts), add_special_tokens=False)
-        return np.fromiter((len(e.ids) for e in enc), dtype=np.int64, count=len(enc))
-
-    return count_file, f"tokens of {file} (no special tokens)"
+    check_tokenizer_spec(spec)
+    return file_counter(tokenizer_file(spec)), _tokenizer_name(spec, "")
 
 
 def check_tokenizer_spec(spec: str) -> None:
     """Fail early (on the driver) for a tokenizer path that does not exist."""
     if spec in ("encoder", "whitespace"):
         return
-    file = Path(spec)
-    file = file / "tokenizer.json" if file.is_dir() else file
+    file = tokenizer_file(spec)
     if not file.is_file():
         raise PruneError(f"{file}: tokenizer file not found (give 'encoder', 'whitespace', a tokenizer.json or its dir)")
 
@@ -1017,8 +1004,7 @@ def _tokenizer_name(spec: str, encoder: str) -> str:
         return f"tokens of the scorer's encoder tokenizer ({encoder}, no special tokens)"
     if spec == "whitespace":
         return "whitespace words"
-    file = Path(spec)
-    return f"tokens of {file / 'tokenizer.json' if file.is_dir() else file} (no special tokens)"
+    return f"tokens of {tokenizer_file(spec)} (no special tokens)"
 
 
 def _run_pipeline(
