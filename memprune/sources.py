@@ -26,7 +26,7 @@ import json
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -107,6 +107,18 @@ class SourceResult:
     unlabelled: list[dict[str, Any]]
     counts: dict[str, Any]
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _label_counts(n_bullets: int, labels: pa.Table, unlabelled: list[dict[str, Any]],
+                  reasons: Sequence[str]) -> dict[str, Any]:
+    """The counts every labels source reports: bullets, labelled, unlabelled and unlabelled by reason."""
+    by_reason = Counter(u["reason"] for u in unlabelled)
+    return {
+        "bullets": n_bullets,
+        "bullets_labelled": labels.num_rows,
+        "bullets_unlabelled": len(unlabelled),
+        **{f"unlabelled_{r}": by_reason.get(r, 0) for r in reasons},
+    }
 
 
 def labels_table(rows: list[dict[str, Any]], source: str) -> pa.Table:
@@ -209,12 +221,8 @@ def qa_labels(bullets: pa.Table, qa: pa.Table, sessions: pa.Table | None = None,
         rows.append({"bullet_id": bid, "label": label, "n_pairs": n, "aggregation": opt.rule()})
 
     labels = labels_table(rows, "qa")
-    reasons = Counter(u["reason"] for u in unlabelled)
     out_counts: dict[str, Any] = {
-        "bullets": bullets.num_rows,
-        "bullets_labelled": labels.num_rows,
-        "bullets_unlabelled": len(unlabelled),
-        **{f"unlabelled_{r}": reasons.get(r, 0) for r in QA_UNLABELLED_REASONS},
+        **_label_counts(bullets.num_rows, labels, unlabelled, QA_UNLABELLED_REASONS),
         "bullets_cited": sum(1 for r in rows if r["n_pairs"] > 0),
         "qa": counts["qa"],
         "qa_used": counts["qa_used"],
@@ -460,12 +468,8 @@ def usage_labels(bullets: pa.Table, totals: dict[str, UsageTotals], options: Usa
             reason = NO_USAGE_EVENTS if opt.missing == "unlabelled" else NO_USAGE_FOR_CONVERSATION
             unlabelled.append({"bullet_id": bid, "reason": reason, "n_pairs": 0, "n_errors": 0})
     labels = labels_table(rows, "usage")
-    reasons = Counter(u["reason"] for u in unlabelled)
     counts: dict[str, Any] = {
-        "bullets": bullets.num_rows,
-        "bullets_labelled": labels.num_rows,
-        "bullets_unlabelled": len(unlabelled),
-        **{f"unlabelled_{r}": reasons.get(r, 0) for r in USAGE_UNLABELLED_REASONS},
+        **_label_counts(bullets.num_rows, labels, unlabelled, USAGE_UNLABELLED_REASONS),
         "bullets_used": sum(1 for r in rows if r["label"] > 0),
         "bullets_zero_filled": sum(1 for r in rows if r["n_pairs"] == 0),
         **(log_counts or {}),
