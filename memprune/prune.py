@@ -31,7 +31,6 @@ non-contiguous input an error instead; `grouping: shuffle` forces the fallback.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -983,16 +982,13 @@ def run(config: PruneConfig) -> dict[str, Any]:
 
 def _check_scorer(path: str) -> dict[str, Any]:
     """Validate a scorer artifact cheaply on the driver (config + files); return what prune.json records."""
-    from memprune.scorer import ScorerConfig
+    from memprune.scorer import ScorerError, read_scorer_config
 
     p = Path(path)
-    cfg = p / "scorer.json"
-    if not cfg.is_file():
-        raise PruneError(f"{p}: not a scorer artifact (no scorer.json)")
     try:
-        sc = ScorerConfig.model_validate(json.loads(cfg.read_text(encoding="utf-8")))
-    except ValueError as exc:
-        raise PruneError(f"{cfg}: invalid scorer config: {exc}".replace("\n", " ")) from exc
+        sc = read_scorer_config(p)
+    except ScorerError as exc:
+        raise PruneError(str(exc).replace("\n", " ")) from exc
     if not (p / "head.safetensors").is_file():
         raise PruneError(f"{p}: missing head.safetensors")
     return {"path": str(p.resolve()), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,

@@ -155,6 +155,21 @@ def build_head(dim: int, settings: HeadSettings, seed: int) -> Head:
         return Head(dim, settings)
 
 
+def read_scorer_config(path: str | os.PathLike[str]) -> ScorerConfig:
+    """The `ScorerConfig` of an artifact directory (its scorer.json), checked; no weights are loaded."""
+    path = Path(path)
+    cfg_path = path / "scorer.json"
+    if not cfg_path.is_file():
+        raise ScorerError(f"{path}: not a scorer artifact (no scorer.json)")
+    try:
+        config = ScorerConfig.model_validate(json.loads(cfg_path.read_text(encoding="utf-8")))
+    except ValueError as exc:
+        raise ScorerError(f"{cfg_path}: invalid scorer config: {exc}") from exc
+    if config.format != SCORER_FORMAT:
+        raise ScorerError(f"{cfg_path}: scorer format {config.format}, this version reads {SCORER_FORMAT}")
+    return config
+
+
 class Scorer(nn.Module):
     """Encoder + mean pooling + head; `score(texts)` returns usefulness in [0, 1] as numpy."""
 
@@ -321,14 +336,7 @@ class Scorer(nn.Module):
         """Load a saved scorer (any stage) from its artifact directory; safetensors and JSON only."""
         path = Path(path)
         cfg_path = path / "scorer.json"
-        if not cfg_path.exists():
-            raise ScorerError(f"{path}: not a scorer artifact (no scorer.json)")
-        try:
-            config = ScorerConfig.model_validate(json.loads(cfg_path.read_text(encoding="utf-8")))
-        except ValueError as exc:
-            raise ScorerError(f"{cfg_path}: invalid scorer config: {exc}") from exc
-        if config.format != SCORER_FORMAT:
-            raise ScorerError(f"{cfg_path}: scorer format {config.format}, this version reads {SCORER_FORMAT}")
+        config = read_scorer_config(path)
         encoder, tokenizer = _load_encoder(config.encoder)
         dim = int(encoder.config.hidden_size)
         if config.embedding_dim is not None and config.embedding_dim != dim:
