@@ -82,7 +82,7 @@ def bench_similarity(data: Path, tmp: Path, executor: str, shard_size: int) -> d
 def judge_rows(data: Path, n: int) -> list[dict[str, Any]]:
     """The first `n` MSC pairs in judging order, as judge input rows."""
     from memprune.io import read_table
-    from memprune.pairs import PairOptions, build_pairs
+    from memprune.label.pairs import PairOptions, build_pairs
 
     plan = build_pairs(read_table(data / "sessions.parquet", "sessions"), read_table(data / "bullets.parquet", "bullets"),
                        PairOptions())

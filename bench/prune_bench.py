@@ -56,9 +56,9 @@ def make_store(bullets: int, out: Path) -> Path:
     store = out / f"synth-{bullets}"
     if (store / "bullets.parquet").is_file():
         return store
-    from memprune.synth import SynthConfig, synth_conversation
+    from memprune.synth import SynthSettings, synth_conversation
 
-    pilot = SynthConfig(conversations=200, sessions=4, seed=0)
+    pilot = SynthSettings(conversations=200, sessions=4, seed=0)
     per_conv = sum(len(synth_conversation(i, pilot).bullets) for i in range(200)) / 200
     n = max(1, math.ceil(bullets / per_conv))
     subprocess.run([sys.executable, "-m", "memprune.cli", "synth", "-n", str(n), "--out", str(store), "--seed", "0"],
@@ -68,7 +68,8 @@ def make_store(bullets: int, out: Path) -> Path:
 
 def make_scorers(out: Path, encoders: list[str]) -> dict[str, Path]:
     """Vanilla scorer artifacts: MiniLM (the real encoder) and optionally a tiny random BERT."""
-    from memprune.scorer import Scorer, ScorerConfig, minilm_path
+    from memprune.encoders import minilm_path
+    from memprune.scorer import Scorer, ScorerConfig
 
     made: dict[str, Path] = {}
     for name in encoders:
@@ -92,7 +93,7 @@ def _tiny_encoder(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from memprune.scorer import minilm_path
+    from memprune.encoders import minilm_path
 
     tok = AutoTokenizer.from_pretrained(minilm_path())
     torch.manual_seed(0)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 def _child(bullets: int, sessions: int, seed: int, out: Path, batch_rows: int) -> dict:
     """Generate about `bullets` bullets into `out` and measure; runs inside the subprocess."""
-    from memprune.synth import SynthConfig, generate, synth_conversation
+    from memprune.synth import SynthSettings, generate, synth_conversation
 
-    pilot = SynthConfig(conversations=200, sessions=sessions, seed=seed)
+    pilot = SynthSettings(conversations=200, sessions=sessions, seed=seed)
     per_conv = sum(len(synth_conversation(i, pilot).bullets) for i in range(200)) / 200
     conversations = max(1, math.ceil(bullets / per_conv))
     start, cpu_start = time.perf_counter(), time.process_time()

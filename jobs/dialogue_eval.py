@@ -1,4 +1,4 @@
-"""Ray job: dialogue evaluation with memory conditions.  python jobs/dialogue_eval.py configs/dialogue-eval.yaml [key=value ...]"""
+"""Ray job: dialogue evaluation.  python jobs/dialogue_eval.py CONFIG.yaml [key=value ...]"""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importable under `ray job submit --working-dir .`
 
 from memprune.dialogue import DialogueEvalConfig, run  # noqa: E402
-from memprune.jobrunner import run_job  # noqa: E402
+from memprune.runtime import run_job  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_job("dialogue_eval", DialogueEvalConfig, run))

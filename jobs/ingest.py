@@ -1,4 +1,4 @@
-"""Ray job: ingest a corpus.  python jobs/ingest.py configs/ingest-msc.yaml [key=value ...]"""
+"""Ray job: corpus ingest.  python jobs/ingest.py CONFIG.yaml [key=value ...]"""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importable under `ray job submit --working-dir .`
 
 from memprune.ingest import IngestConfig, run  # noqa: E402
-from memprune.jobrunner import run_job  # noqa: E402
+from memprune.runtime import run_job  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_job("ingest", IngestConfig, run))

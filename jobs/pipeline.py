@@ -1,12 +1,12 @@
-"""Ray job: every stage in order.  python jobs/pipeline.py configs/pipeline-local.yaml [key=value ...]"""
+"""Ray job: every step of the method.  python jobs/pipeline.py CONFIG.yaml [key=value ...]"""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importable under `ray job submit --working-dir .`
 
-from memprune.jobrunner import run_job  # noqa: E402
-from memprune.pipeline import PipelineConfig, run_pipeline  # noqa: E402
+from memprune.pipeline import PipelineConfig, run  # noqa: E402
+from memprune.runtime import run_job  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(run_job("pipeline", PipelineConfig, run_pipeline))
+    sys.exit(run_job("pipeline", PipelineConfig, run))

@@ -1,18 +1,25 @@
 """The `memprune` command line: one subcommand per stage, mirroring `jobs/`.
 
-Each command parses its options, calls the stage function in `memprune.<stage>` and
-prints a short summary; errors a user can fix exit with status 2 and one clear line.
+Every stage command takes the same door as its Ray job: a YAML config (`--config/-c`), `key=value`
+overrides (`--set`), then its typed options, all validated once by the stage's config model
+(`memprune.config.load_config`); then it calls the stage's `run(cfg)` and prints a short summary.
+Options reach the config as typed values, never as YAML strings, so a path named `2024`, `true`
+or `a: b` stays a path. Errors a user can fix exit with status 2 and one clear line.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
+
+from memprune.errors import MemPruneError
 
 app = typer.Typer(
     add_completion=False,
@@ -21,47 +28,75 @@ app = typer.Typer(
     help="memprune: keep the long-term memory of multi-session chatbots small and useful.",
 )
 console = Console(stderr=True)
+M = TypeVar("M", bound=BaseModel)
+NULL = object()  # an option that sets a config key to null, as opposed to an option not given (None)
+
+CONFIG = typer.Option(None, "--config", "-c", help="A YAML config of this command; the options given here win.")
+SET = typer.Option(None, "--set", help="key=value override of the config, dotted keys reach sections (repeatable).")
+LLM_CONFIG = typer.Option(None, "--llm-config", help="YAML file of the LLM config (configs/llm/).")
+LLM_SET = typer.Option(None, "--llm-set", help="key=value override of the LLM config (repeatable).")
 
 
 def fail(message: str) -> None:
     """Print one clear error line and exit with status 2."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def _typed(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else [_typed(v) for v in value] if isinstance(value, list) else value
+
+
+def run_stage(model: type[M], run: Callable[[M], dict[str, Any]], config: Optional[Path], set_: Optional[list[str]],
+              values: dict[str, Any], llm_set: Optional[list[str]] = None) -> tuple[M, dict[str, Any]]:
+    """Load `model` from the config file, `--set` overrides and the given (non-None) options; run it.
+
+    `--llm-set` items are appended to the config's `llm_overrides`. A user error exits 2 with one line.
+    """
+    from memprune.config import load_config
+
+    given = {k: None if v is NULL else _typed(v) for k, v in values.items() if v is not None}
+    try:
+        cfg = load_config(config, list(set_ or []), model, values=given)
+        if llm_set:
+            cfg = model.model_validate({**cfg.model_dump(), "llm_overrides": [*cfg.llm_overrides, *llm_set]})
+        return cfg, run(cfg)
+    except (MemPruneError, FileNotFoundError) as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
+
+
+def _csv(text: Optional[str]) -> Optional[list[str]]:
+    return [s.strip() for s in text.split(",") if s.strip()] if text else None
 
 
 @app.command()
 def ingest(
-    format: str = typer.Option(..., "--format", "-f", help="Input format: msc, locomo or jsonl."),
-    input: Path = typer.Option(..., "--input", "-i", help="Source file or directory."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory for the corpus tables."),
+    format: Optional[str] = typer.Option(None, "--format", "-f", help="Input format: msc, locomo or jsonl."),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source file or directory."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for the corpus tables."),
     split: Optional[str] = typer.Option(None, "--split", help="Split to read where the layout has splits (msc: valid)."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
 ) -> None:
     """Read a corpus into sessions/bullets(/qa) Parquet tables, with rejects and counts."""
-    from memprune.adapters import IngestError
-    from memprune.ingest import ingest as run_ingest
+    from memprune.ingest import IngestConfig, run
 
-    try:
-        summary = run_ingest(format, input, out, split=split)
-    except IngestError as exc:
-        fail(str(exc))
-    counts = summary["counts"]
-    console.print(
-        f"ingested {counts['conversations']} conversations, {counts['sessions']} sessions, "
-        f"{counts['turns']} turns, {counts['bullets']} bullets, {counts['qa']} qa; "
-        f"{counts['rejects']} rejects -> {out}",
-        highlight=False,
-    )
+    cfg, summary = run_stage(IngestConfig, run, config, set_,
+                             {"format": format, "input": input, "out": out, "split": split})
+    c = summary["counts"]
+    console.print(f"ingested {c['conversations']} conversations, {c['sessions']} sessions, {c['turns']} turns, "
+                  f"{c['bullets']} bullets, {c['qa']} qa; {c['rejects']} rejects -> {cfg.out}", highlight=False)
 
 
 @app.command()
 def stats(data: Path = typer.Argument(..., help="A directory written by `memprune ingest` or `memprune synth`.")) -> None:
     """Print the corpus counts and the per-session bullet/turn distributions."""
-    from memprune.adapters import IngestError
     from memprune.ingest import corpus_stats
 
     try:
         result = corpus_stats(data)
-    except (IngestError, FileNotFoundError) as exc:
+    except (MemPruneError, FileNotFoundError) as exc:
         fail(str(exc))
     json.dump(result, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
@@ -69,54 +104,46 @@ def stats(data: Path = typer.Argument(..., help="A directory written by `memprun
 
 @app.command()
 def synth(
-    conversations: int = typer.Option(100, "--conversations", "-n", min=1, help="Number of conversations."),
-    sessions: int = typer.Option(4, "--sessions", "-s", min=2, help="Sessions per conversation."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory."),
-    seed: int = typer.Option(0, "--seed", help="Random seed; same seed, same corpus."),
-    facts: int = typer.Option(6, "--facts", min=1, max=20, help="Durable facts in each speaker's persona."),
-    oneoffs: int = typer.Option(2, "--oneoffs", min=0, help="Mean one-off remarks per speaker per session."),
-    mention_prob: float = typer.Option(0.35, "--mention-prob", min=0.0, max=1.0,
-                                       help="Chance a known fact is restated in an intermediate session."),
+    conversations: Optional[int] = typer.Option(None, "--conversations", "-n", help="Number of conversations [default: 60]."),
+    sessions: Optional[int] = typer.Option(None, "--sessions", "-s", help="Sessions per conversation [default: 4]."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; same seed, same corpus [default: 0]."),
+    facts: Optional[int] = typer.Option(None, "--facts", help="Durable facts in each speaker's persona (1..20) [default: 6]."),
+    oneoffs: Optional[int] = typer.Option(None, "--oneoffs", help="Mean one-off remarks per speaker per session [default: 2]."),
+    mention_prob: Optional[float] = typer.Option(None, "--mention-prob",
+                                                 help="Chance a known fact is restated in an intermediate session [default: 0.35]."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
 ) -> None:
     """Generate a synthetic multi-session corpus whose bullets know whether they recur."""
-    from memprune.synth import generate
+    from memprune.synth import SynthConfig, run
 
-    try:
-        summary = generate(conversations=conversations, sessions=sessions, out=out, seed=seed, facts_per_speaker=facts,
-                           oneoffs_per_session=oneoffs, mention_prob=mention_prob, progress=sys.stderr.isatty())
-    except ValueError as exc:
-        fail(str(exc))
+    _, summary = run_stage(SynthConfig, run, config, set_, {
+        "conversations": conversations, "sessions": sessions, "out": out, "seed": seed, "facts_per_speaker": facts,
+        "oneoffs_per_session": oneoffs, "mention_prob": mention_prob, "progress": sys.stderr.isatty()})
     console.print(json.dumps(summary["counts"]), highlight=False)
 
 
 @app.command()
-def evaluate(
-    run: Path = typer.Option(..., "--run", help="Run directory with <stage>/seed<k>/predictions.parquet."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory for metrics.json, report.md and figures."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Corpus dir (`memprune ingest`): token counts, QA retention."),
-    tokenizer: str = typer.Option("minilm", "--tokenizer", help="Token unit: minilm, whitespace, or a tokenizer.json path."),
-    threshold: float = typer.Option(0.5, "--threshold", help="Pruning threshold of the main pruning table."),
-    top_k: int = typer.Option(5, "--top-k", min=0, help="Pruning top-k of the threshold sweep (0 = no cap)."),
-    relevance: float = typer.Option(0.5, "--relevance-threshold", help="Relevant = label >= this (Precision/Recall@k)."),
-    validation: bool = typer.Option(False, "--validation", help="Also evaluate the validation split."),
-    qa_draws: int = typer.Option(1000, "--qa-draws", min=1, help="Random-pruning draws of the QA baseline."),
-    figures: bool = typer.Option(True, "--figures/--no-figures", help="Draw the PNG figures."),
+def summarize(
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Directory with sessions.parquet."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (bullets/summaries/sessions.parquet, summarize.json)."),
+    llm_config: Optional[Path] = LLM_CONFIG,
+    llm_set: Optional[list[str]] = LLM_SET,
+    chunk_sessions: Optional[int] = typer.Option(None, "--chunk-sessions", help="Sessions per resumable chunk [default: 2048]."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N sessions (a trial run)."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
 ) -> None:
-    """Metrics, significance, pruning view and QA-evidence retention of a trained run."""
-    from memprune.evaluate import EvalConfig, EvaluationError, evaluate_run
-    from memprune.schema import SchemaError
+    """Summarize each session into memory bullets citing their turns (resumable: rerun to resume)."""
+    from memprune.summarize import SummarizeConfig, run
 
-    try:
-        cfg = EvalConfig(
-            prune_threshold=threshold, prune_top_k=top_k or None, relevance_threshold=relevance,
-            splits=("test", "validation") if validation else ("test",), tokenizer=tokenizer,
-            qa_draws=qa_draws, figures=figures,
-        )
-        result = evaluate_run(run, out, data_dir=data, config=cfg)
-    except (EvaluationError, SchemaError, FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
-    console.print(f"evaluated {', '.join(result['splits']['test']['stages'])} -> {result['outputs']['report']}",
-                  highlight=False)
+    cfg, summary = run_stage(SummarizeConfig, run, config, set_, {
+        "data": data, "out": out, "llm_config": llm_config, "chunk_sessions": chunk_sessions, "limit": limit}, llm_set)
+    c = summary["counts"]
+    console.print(f"summarized {c['sessions_ok']}/{c['sessions']} sessions into {c['bullets']} bullets "
+                  f"({c['sessions_error']} errors, {c['evidence_dropped']} evidence ids dropped) with {summary['llm']} "
+                  f"-> {cfg.out}", highlight=False)
 
 
 @app.command()
@@ -129,194 +156,186 @@ def label(
     qa_later_only: bool = typer.Option(False, "--qa-later-only", help="qa: count only questions reaching a later session."),
     judge: Optional[str] = typer.Option(None, "--judge", help="llm (the paper's judge) or similarity (a CPU proxy; default)."),
     speaker: Optional[str] = typer.Option(None, "--speaker", help="Target turns: all (default), same or other speaker than the bullet's."),
-    context: Optional[int] = typer.Option(None, "--context", min=0, help="Turns of dialogue context before each target (llm; default 4)."),
-    horizon: Optional[int] = typer.Option(None, "--horizon", min=1, help="Sessions ahead that give credit (default 1 = next only)."),
+    context: Optional[int] = typer.Option(None, "--context", help="Turns of dialogue context before each target (llm; default 4)."),
+    horizon: Optional[int] = typer.Option(None, "--horizon", help="Sessions ahead that give credit (default 1 = next only)."),
     decay: Optional[float] = typer.Option(None, "--decay", help="A score h sessions ahead counts score * decay**(h-1) (default 0.5)."),
     aggregation: Optional[str] = typer.Option(None, "--aggregation", help="Label per bullet: max (default) or mean."),
-    shard_size: Optional[int] = typer.Option(None, "--shard-size", min=1, help="Texts (similarity) / pairs (llm) per shard."),
+    shard_size: Optional[int] = typer.Option(None, "--shard-size", help="Texts (similarity) / pairs (llm) per shard."),
     model: Optional[str] = typer.Option(None, "--model", help="similarity: encoder path or hub id."),
     executor: Optional[str] = typer.Option(None, "--executor", help="similarity: local (in-process, default) or ray."),
-    llm_config: Optional[Path] = typer.Option(None, "--llm-config", help="llm: YAML file of the LLM config."),
-    llm_set: Optional[list[str]] = typer.Option(None, "--llm-set", help="llm: key=value override of the LLM config (repeatable)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="A label YAML config; options given here override it."),
+    llm_config: Optional[Path] = LLM_CONFIG,
+    llm_set: Optional[list[str]] = LLM_SET,
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide progress bars."),
 ) -> None:
     """Write bullet labels: judged pairs (resumable: rerun to resume), QA evidence, or a usage log."""
-    from memprune.config import ConfigError
-    from memprune.label import LabelError, load_label_config, run_label
-    from memprune.schema import SchemaError
+    from memprune.label import LabelConfig, run
 
-    given = {"data": data, "out": out, "judge": judge, "speaker": speaker, "context_turns": context,
-             "horizon": horizon, "decay": decay, "aggregation": aggregation, "shard_size": shard_size,
-             "similarity.model": model, "similarity.executor": executor, "llm_config": llm_config,
-             "llm_overrides": list(llm_set) if llm_set else None, "source": source, "usage.log": usage_log,
-             "qa.grading": qa_grading, "qa.later_only": True if qa_later_only else None}
-    values = {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None}
-    if no_progress:
-        values["progress"] = False
-    try:
-        summary = run_label(load_label_config(config, values=values))
-    except (LabelError, ConfigError, SchemaError, FileNotFoundError) as exc:
-        fail(str(exc))
+    cfg, summary = run_stage(LabelConfig, run, config, set_, {
+        "data": data, "out": out, "judge": judge, "speaker": speaker, "context_turns": context, "horizon": horizon,
+        "decay": decay, "aggregation": aggregation, "shard_size": shard_size, "similarity.model": model,
+        "similarity.executor": executor, "llm_config": llm_config, "source": source, "usage.log": usage_log,
+        "qa.grading": qa_grading, "qa.later_only": True if qa_later_only else None,
+        "progress": False if no_progress else None}, llm_set)
     c, t = summary["counts"], summary["throughput"]
-    if summary.get("source", "judge") != "judge":
+    if summary["source"] != "judge":
         extra = f", {c['events_rejected']} usage events rejected" if summary["source"] == "usage" else ""
         console.print(f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {summary['source']} "
-                      f"({summary['rule']}; {c['bullets_unlabelled']} unlabelled{extra}) -> {summary['config']['out']}",
-                      highlight=False)
+                      f"({summary['rule']}; {c['bullets_unlabelled']} unlabelled{extra}) -> {cfg.out}", highlight=False)
         return
-    console.print(
-        f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {c['pairs']} pairs "
-        f"({c['pairs_error']} errors, {c['bullets_unlabelled']} unlabelled) with {summary['judge']}; "
-        f"{t['pairs_per_s']} pairs/s, {t['wall_s']} s -> {summary['config']['out']}",
-        highlight=False,
-    )
+    console.print(f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {c['pairs']} pairs "
+                  f"({c['pairs_error']} errors, {c['bullets_unlabelled']} unlabelled) with {summary['judge']}; "
+                  f"{t['pairs_per_s']} pairs/s, {t['wall_s']} s -> {cfg.out}", highlight=False)
 
 
-@app.command()
-def summarize(
-    data: Path = typer.Option(..., "--data", "-d", help="Directory with sessions.parquet."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory (bullets/summaries/sessions.parquet, summarize.json)."),
-    llm: Path = typer.Option(..., "--llm", help="YAML file of the LLM config (see configs/llm/)."),
-    llm_set: Optional[list[str]] = typer.Option(None, "--set", help="key=value override of the LLM config (repeatable)."),
-    chunk_sessions: int = typer.Option(2048, "--chunk-sessions", min=1, help="Sessions per resumable chunk."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Only the first N sessions (a trial run)."),
-) -> None:
-    """Summarize each session into memory bullets citing their turns (resumable: rerun to resume)."""
-    from memprune.config import ConfigError
-    from memprune.llm import LLMConfig, LLMError, PromptError
-    from memprune.schema import SchemaError
-    from memprune.summarize import SummarizeError, summarize as run_summarize
+def _label_weights(items: Optional[list[str]]) -> Optional[dict[str, float]]:
+    """`["qa=5", "judge=1"]` -> {"qa": 5.0, "judge": 1.0}; a malformed item is a user error."""
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        source, sep, w = item.partition("=")
+        try:
+            out[source.strip()] = float(w)
+        except ValueError:
+            sep = ""
+        if not sep:
+            fail(f"--label-weight {item!r} is not SOURCE=WEIGHT")
+    return out
 
-    try:
-        summary = run_summarize(data, out, LLMConfig.from_yaml(llm, llm_set), chunk_sessions=chunk_sessions,
-                                limit=limit)
-    except (SummarizeError, ConfigError, SchemaError, LLMError, PromptError, FileNotFoundError) as exc:
-        fail(str(exc))
-    c = summary["counts"]
-    console.print(
-        f"summarized {c['sessions_ok']}/{c['sessions']} sessions into {c['bullets']} bullets "
-        f"({c['sessions_error']} errors, {c['evidence_dropped']} evidence ids dropped) with {summary['llm']} -> {out}",
-        highlight=False,
-    )
 
 @app.command()
 def train(
     data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
     labels: Optional[list[Path]] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet (`memprune label`); repeat to mix tables."),
     label_weight: Optional[list[str]] = typer.Option(None, "--label-weight", help="SOURCE=W loss weight per label source, e.g. qa=5 (repeatable)."),
-    folds: Optional[int] = typer.Option(None, "--folds", min=2, help="k-fold by conversation: OUT/fold<i>/, pooled evaluation."),
+    folds: Optional[int] = typer.Option(None, "--folds", help="k-fold by conversation: OUT/fold<i>/, pooled evaluation."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: <stage>/seed<k>/, run.json, train.md."),
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of vanilla,stage1,stage2 (default all)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma list of seeds (default 0,1,2)."),
     encoder: Optional[str] = typer.Option(None, "--encoder", help="Encoder path or hub id (default local all-MiniLM-L6-v2)."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=0, help="Ray Train workers per trainer (0 = local mode)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="A train YAML config; options given here override it."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="key=value override, e.g. stage1.epochs=20 (repeatable)."),
-    evaluate: Optional[bool] = typer.Option(None, "--eval/--no-eval", help="End with `memprune evaluate` into OUT/eval (default on)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Ray Train workers per trainer (0 = local mode)."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+    evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Then run `memprune evaluate` into OUT/eval."),
 ) -> None:
     """Train the scorer stages (vanilla, stage 1, stage 2) over seeds on Ray Train (rerun to resume)."""
-    from memprune.config import ConfigError
-    from memprune.schema import SchemaError
-    from memprune.scorer import ScorerError
-    from memprune.splits import SplitError
-    from memprune.train import TrainError, load_train_config, run_training
+    from memprune.train import TrainConfig, run
 
-    given = {"data": data, "labels": [str(p) for p in labels] if labels else None, "out": out, "encoder": encoder,
-             "ray.num_workers": workers, "evaluate": evaluate, "folds": folds,
-             "stages": [s.strip() for s in stages.split(",") if s.strip()] if stages else None}
+    seed_list = _csv(seeds)
     try:
-        if seeds:
-            given["seeds"] = [int(s) for s in seeds.split(",") if s.strip()]
-        for item in label_weight or []:
-            source, sep, w = item.partition("=")
-            if not sep:
-                raise ValueError(f"--label-weight {item!r} is not SOURCE=WEIGHT")
-            given[f"label_weights.{source.strip()}"] = float(w)
-        values = {k: (str(v) if isinstance(v, Path) else v) for k, v in given.items() if v is not None}
-        summary = run_training(load_train_config(config, list(set_ or []), values))
-    except (TrainError, ConfigError, SchemaError, ScorerError, SplitError, FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
+        seed_values = [int(s) for s in seed_list] if seed_list else None
+    except ValueError:
+        fail(f"--seeds {seeds!r}: give comma-separated integers")
+    cfg, summary = run_stage(TrainConfig, run, config, set_, {
+        "data": data, "labels": labels or None, "out": out, "encoder": encoder, "ray.num_workers": workers,
+        "folds": folds, "stages": _csv(stages), "seeds": seed_values, "label_weights": _label_weights(label_weight)})
     for stage, entry in summary["stage_summary"].items():
         mse = entry.get("val_mse", {})
         console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"
                       f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
     console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
-    if "evaluation" in summary:
-        console.print(f"evaluation report: {summary['evaluation']}", highlight=False)
+    if evaluate:
+        from memprune.evaluate import EvalConfig, run as run_evaluate
+
+        _, result = run_stage(EvalConfig, run_evaluate, None, None,
+                              {"run": cfg.out, "out": cfg.out / "eval", "data": cfg.data})
+        console.print(f"evaluation report: {result['outputs']['report']}", highlight=False)
+
+
+@app.command()
+def evaluate(
+    run_dir: Optional[Path] = typer.Option(None, "--run", help="Run directory with <stage>/seed<k>/predictions.parquet."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for metrics.json, report.md and figures."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Corpus dir (`memprune ingest`): token counts, QA retention."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Token unit: encoder (default), whitespace, or a tokenizer.json."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="Pruning threshold of the main pruning table [default: 0.5]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Pruning top-k of the threshold sweep, 0 = no cap [default: 5]."),
+    relevance: Optional[float] = typer.Option(None, "--relevance-threshold", help="Relevant = label >= this [default: 0.5]."),
+    valid: bool = typer.Option(False, "--valid", help="Also evaluate the validation split."),
+    qa_draws: Optional[int] = typer.Option(None, "--qa-draws", help="Random-pruning draws of the QA baseline [default: 1000]."),
+    figures: Optional[bool] = typer.Option(None, "--figures/--no-figures", help="Draw the PNG figures [default: on]."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Metrics, significance, pruning view and QA-evidence retention of a trained run."""
+    from memprune.evaluate import EvalConfig, run
+
+    values = {"run": run_dir, "out": out, "data": data, "tokenizer": tokenizer, "rule.threshold": threshold,
+              "relevance_threshold": relevance, "qa_draws": qa_draws, "figures": figures,
+              "splits": ["test", "valid"] if valid else None}
+    _, result = run_stage(EvalConfig, run, config, set_, values | _top_k(top_k))
+    console.print(f"evaluated {', '.join(result['splits']['test']['stages'])} -> {result['outputs']['report']}",
+                  highlight=False)
+
+
+def _top_k(top_k: Optional[int]) -> dict[str, Any]:
+    """`--top-k`: 0 means no cap (null in the config); absent leaves the config's value."""
+    if top_k is None:
+        return {}
+    if top_k < 0:
+        fail(f"--top-k must be >= 0 (0 = no cap), got {top_k}")
+    return {"rule.top_k": top_k or NULL}
 
 
 @app.command()
 def prune(
-    scorer: Path = typer.Option(..., "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
-    input: Path = typer.Option(..., "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or corpus dir."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output dir: pruned/ (store + score, keep), prune.json, prune.md."),
+    scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or corpus dir."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: pruned/ (store + score, keep), prune.json, prune.md."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop bullets scored below this [default: 0.5]."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", min=0, help="Keep at most k per group, 0 = no cap [default: 5]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep at most k per group, 0 = no cap [default: 5]."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/prune-*.yaml); flags win."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Extra config key=value (batch_size=256, actors=2, ...)."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
 ) -> None:
     """Score a bullets store with a trained scorer on Ray Data and prune it (threshold, then top-k per group)."""
-    from memprune.config import ConfigError, load_config
-    from memprune.prune import PruneConfig, PruneError, run_prune
+    from memprune.prune import PruneConfig, run
 
-    flags = [f"{k}={json.dumps(str(v))}" for k, v in (("scorer", scorer), ("input", input), ("out", out))]  # quoted: any path
-    flags += [f"threshold={threshold}"] if threshold is not None else []
-    flags += [f"top_k={top_k or 'null'}"] if top_k is not None else []
-    flags += [f"group_by={json.dumps(group_by)}"] if group_by is not None else []
-    try:
-        cfg = load_config(config, [*(set_ or []), *flags], PruneConfig)
-        summary = run_prune(cfg)
-    except (ConfigError, PruneError, FileNotFoundError) as exc:
-        fail(str(exc))
+    values = {"scorer": scorer, "input": input, "out": out, "rule.threshold": threshold, "rule.group_by": group_by}
+    cfg, summary = run_stage(PruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
-    console.print(
-        f"kept {r['bullets_after']:.2f} of {r['bullets_before']:.2f} bullets per {cfg.group_by} "
-        f"(-{r['bullet_reduction_pct'] or 0:.1f}% bullets, -{r['token_reduction_pct'] or 0:.1f}% tokens) -> {out}",
-        highlight=False,
-    )
+    console.print(f"kept {r['bullets_after']:.2f} of {r['bullets_before']:.2f} bullets per {cfg.rule.group_by} "
+                  f"(-{r['bullet_reduction_pct'] or 0:.1f}% bullets, -{r['token_reduction_pct'] or 0:.1f}% tokens) "
+                  f"-> {cfg.out}", highlight=False)
 
 
 @app.command("dialogue-eval")
 def dialogue_eval(
     data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with sessions.parquet and bullets.parquet."),
     pruned: Optional[Path] = typer.Option(None, "--pruned", help="`memprune prune` output dir (pruned/ store with keep)."),
-    llm: Optional[Path] = typer.Option(None, "--llm", help="YAML file of the generator's LLM config (configs/llm/)."),
+    llm_config: Optional[Path] = LLM_CONFIG,
+    llm_set: Optional[list[str]] = LLM_SET,
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: dialogue.json, dialogue.md, generations.parquet."),
-    turns: Optional[int] = typer.Option(None, "--turns", min=1, help="Target turns evaluated (default 200)."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="Target turns evaluated (default 200)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed of the target turns (default 0)."),
     conditions: Optional[str] = typer.Option(None, "--conditions", help="Comma list of none,all,pruned,retrieval (default all four)."),
     retrieval_k: Optional[str] = typer.Option(None, "--retrieval-k", help="Bullets retrieved per turn, or 'pruned' (default 5)."),
-    llm_set: Optional[list[str]] = typer.Option(None, "--llm-set", help="key=value override of the LLM config (repeatable)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (configs/dialogue-eval.yaml); flags win."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Extra config key=value, e.g. bootstrap.samples=2000 (repeatable)."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
 ) -> None:
     """Generate next-session replies with no/all/pruned/retrieved memory and score them (BLEU, ROUGE-L, BERTScore, MAUVE)."""
-    from memprune.config import ConfigError, load_config
-    from memprune.dialogue import DialogueError, DialogueEvalConfig, run_dialogue_eval
-    from memprune.llm import LLMError, PromptError
-    from memprune.schema import SchemaError
+    from memprune.dialogue import DialogueEvalConfig, run
 
-    flags = [f"{k}={v}" for k, v in (("data", data), ("pruned", pruned), ("out", out), ("turns", turns),
-                                     ("seed", seed), ("retrieval_k", retrieval_k)) if v is not None]
-    if llm is not None:
-        flags += [f"llm_config={llm}", "llm=null"]
-    if conditions:
-        flags.append(f"conditions=[{','.join(c.strip() for c in conditions.split(',') if c.strip())}]")
-    try:
-        cfg = load_config(config, [*(set_ or []), *flags], DialogueEvalConfig)
-        if llm_set:
-            cfg = DialogueEvalConfig.model_validate({**cfg.model_dump(), "llm_overrides": [*cfg.llm_overrides, *llm_set]})
-        summary = run_dialogue_eval(cfg)
-    except (ConfigError, DialogueError, SchemaError, LLMError, PromptError, FileNotFoundError, ValueError) as exc:
-        fail(str(exc))
+    k: Any = retrieval_k
+    if retrieval_k is not None and retrieval_k != "pruned":
+        try:
+            k = int(retrieval_k)
+        except ValueError:
+            fail(f"--retrieval-k must be an integer or 'pruned', got {retrieval_k!r}")
+    values = {"data": data, "pruned": pruned, "out": out, "turns": turns, "seed": seed, "retrieval_k": k,
+              "conditions": _csv(conditions), "llm_config": llm_config}
+    if llm_config is not None:
+        values["llm"] = NULL  # the file replaces an inline `llm` section of the YAML config
+    _, summary = run_stage(DialogueEvalConfig, run, config, set_, values, llm_set)
     for c, m in summary["metrics"].items():
         vals = ", ".join(f"{k} {m[k]['value']:.4g}" for k in ("bleu", "rouge_l", "bertscore_f1", "mauve")
                          if m.get(k, {}).get("value") is not None)
         console.print(f"{c}: {vals}; {summary['cost'][c]['prompt_tokens']['mean']:.0f} prompt tokens/turn", highlight=False)
     console.print(f"{summary['targets']['paired']} paired targets with {summary['generator']} -> {summary['out']}/dialogue.md",
                   highlight=False)
+
 
 @app.command()
 def quickstart(
@@ -326,13 +345,12 @@ def quickstart(
     """The whole method locally: corpus -> labels -> train (3 stages x 3 seeds) -> evaluate -> prune."""
     from rich.markdown import Markdown
 
-    from memprune.pipeline import headline, quickstart_config, run_pipeline
+    from memprune.pipeline import headline, quickstart_config, run
 
     try:
-        config = quickstart_config(str(out), data)
-    except ValueError as exc:
+        summary = run(quickstart_config(str(out), data))
+    except (MemPruneError, FileNotFoundError) as exc:
         fail(str(exc))
-    summary = run_pipeline(config)
     console.rule("[bold]memprune quickstart: done")
     console.print(Markdown(headline(Path(summary["report"]).parent)))
     console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)

@@ -13,10 +13,12 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from memprune.errors import MemPruneError
+
 M = TypeVar("M", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class ConfigError(MemPruneError):
     """A config file or override is unreadable or invalid; the message names the file and key."""
 
 

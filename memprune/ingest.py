@@ -122,7 +122,8 @@ def _check_unique(conv, keys: dict[str, set], source: str) -> None:
             keys[name].add(k)
 
 
-def _distribution(values: list[int]) -> dict[str, float]:
+def distribution(values: list[int]) -> dict[str, float]:
+    """n, min, mean, median, max and total of a list of counts."""
     if not values:
         return {"n": 0}
     return {
@@ -154,9 +155,9 @@ def corpus_stats(data: str | Path) -> dict[str, Any]:
         "sessions": sessions.num_rows,
         "turns": sum(turns_per_session),
         "bullets": bullets.num_rows,
-        "turns_per_session": _distribution(turns_per_session),
-        "bullets_per_session": _distribution(bullets_per_session),
-        "bullets_per_session_index": {str(k): _distribution(v) for k, v in sorted(by_index.items())},
+        "turns_per_session": distribution(turns_per_session),
+        "bullets_per_session": distribution(bullets_per_session),
+        "bullets_per_session_index": {str(k): distribution(v) for k, v in sorted(by_index.items())},
     }
     if (data / "qa.parquet").exists():
         result["qa"] = pq.read_metadata(data / "qa.parquet").num_rows

@@ -8,13 +8,15 @@ trust.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -34,6 +36,25 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON values, recursively: NaN/inf -> None, numpy scalars -> Python, sets sorted, enums -> value."""
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (set, frozenset)):
+        return sorted((jsonable(v) for v in obj), key=str)
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, str):
+        return obj
+    return getattr(obj, "value", str(obj))
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
@@ -154,34 +175,31 @@ class JsonlSink:
         except RuntimeError:
             pass
 
+    def __enter__(self) -> "JsonlSink":
+        return self
 
-def resumable_chunks(
-    table: pa.Table,
-    chunk_rows: int,
-    work: Path,
-    fn: Callable[[pa.Table], pa.Table],
-    schema: pa.Schema,
-    desc: str,
-    progress: bool = True,
-    setup: Callable[[], None] | None = None,
-) -> tuple[pa.Table, dict[str, Any]]:
-    """`fn` over consecutive row chunks of `table`, each result saved atomically under `work`.
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
-    A rerun reuses every chunk already saved and computes only the missing ones, so a killed
-    long job resumes where it stopped. `setup` (e.g. starting Ray) runs once, only if work is left.
-    """
-    from tqdm import tqdm
 
-    work.mkdir(parents=True, exist_ok=True)
-    bounds = [(s, min(s + chunk_rows, table.num_rows)) for s in range(0, table.num_rows, chunk_rows)]
-    paths = [work / f"chunk-{i:05d}.parquet" for i in range(len(bounds))]
-    pending = [i for i, p in enumerate(paths) if not p.exists()]
-    if pending and setup is not None:
-        setup()
-    for i in tqdm(pending, desc=desc, unit="chunk", disable=not progress):
-        a, b = bounds[i]
-        result = fn(table.slice(a, b - a))
-        with atomic_path(paths[i]) as tmp:
-            pq.write_table(result, tmp)
-    results = pa.concat_tables([pq.read_table(p, schema=schema) for p in paths]) if paths else schema.empty_table()
-    return results, {"chunks": len(bounds), "reused": len(bounds) - len(pending), "work": str(work)}
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any]]) -> int:
+    """Write `rows` as JSON lines, atomically; return how many were written."""
+    with JsonlSink(path) as sink:
+        for row in rows:
+            sink.write(row)
+    return sink.count
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` (UTF-8), atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_summary(out: str | os.PathLike[str], name: str, summary: Mapping[str, Any], markdown: str) -> None:
+    """A stage's two reports: `OUT/<name>.json` (machine) and `OUT/<name>.md` (human), each atomic."""
+    write_json(Path(out) / f"{name}.json", summary)
+    write_text(Path(out) / f"{name}.md", markdown)

@@ -1,11 +1,12 @@
 """The whole method in one run: corpus -> labels -> scorer (3 stages x seeds) -> evaluation -> pruning.
 
-`jobs/pipeline.py` and `memprune quickstart` call `run_pipeline`. Each stage writes under its
-own directory of `out` and is resumable on its own, so a rerun after a crash redoes only what
-is unfinished. `out` may be a local directory or a URI that pyarrow understands
-(`s3://bucket/prefix`, `gs://...`, `file:///...`): stages then run in a local staging
-directory and each finished stage's directory is uploaded, so every node and later job sees
-the same tables.
+`jobs/pipeline.py` and `memprune quickstart` call `run`. Each step writes under its own
+directory of `out` and is resumable on its own, so a rerun after a crash redoes only what is
+unfinished. `out` may be a local directory or a URI that pyarrow understands
+(`s3://bucket/prefix`, `gs://...`, `file:///...`): steps then run in a local staging
+directory and each finished step's directory is uploaded, so every node and later job sees
+the same tables. The pruning rule is set once (`rule:`) and used by both the evaluation's
+pruning tables and the prune step.
 """
 
 from __future__ import annotations
@@ -16,45 +17,63 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 
+from memprune.config import ConfigError
+from memprune.evaluate.config import EvalSettings
 from memprune.io import write_json
+from memprune.label.config import LabelSettings
+from memprune.prune.config import PruneRule, PruneSettings
+from memprune.synth.config import SynthSettings
+from memprune.train.config import TrainSettings
 
-STAGES = ("data", "label", "train", "evaluate", "prune")
-Stage = Literal["data", "label", "train", "evaluate", "prune"]
+STEPS = ("data", "label", "train", "evaluate", "prune")
+Step = Literal["data", "label", "train", "evaluate", "prune"]
+DIRS = {"data": "data", "label": "label", "train": "train", "evaluate": "report", "prune": "prune"}
 console = Console(stderr=True)
 
 
-class CorpusSpec(BaseModel):
-    """Where the corpus comes from: generated (`synth`) or ingested from a source format."""
-
-    model_config = ConfigDict(extra="forbid")
+class CorpusSpec(SynthSettings):
+    """Where the corpus comes from: generated (`synth`, with the synth settings) or ingested from a source format."""
 
     format: Literal["synth", "msc", "locomo", "jsonl"] = "synth"
     input: str | None = Field(None, description="source path for msc/locomo/jsonl")
     split: str | None = Field(None, description="split for layouts that have them (msc: valid)")
-    conversations: int = Field(60, ge=2, description="synth: number of conversations")
-    sessions: int = Field(4, ge=2, description="synth: sessions per conversation")
-    seed: int = Field(0, description="synth: generator seed")
+
+    @model_validator(mode="after")
+    def _input(self) -> "CorpusSpec":
+        if self.format != "synth" and self.input is None:
+            raise ValueError(f"corpus.format={self.format} needs corpus.input")
+        return self
 
 
 class PipelineConfig(BaseModel):
-    """Config of `jobs/pipeline.py`: shared paths plus each stage's own config section."""
+    """Config of `jobs/pipeline.py`: shared paths, the pruning rule, and each step's settings."""
 
     model_config = ConfigDict(extra="forbid")
 
-    out: str = Field(description="local directory or storage URI (s3://..., file://...) for every stage's output")
+    out: str = Field(description="local directory or storage URI (s3://..., file://...) for every step's output")
     corpus: CorpusSpec = Field(default_factory=CorpusSpec)
-    stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
+    steps: list[Step] = Field(default_factory=lambda: list(STEPS))
     staging_dir: str | None = Field(None, description="local working copy when `out` is a URI (default: a temp dir)")
-    label: dict[str, Any] = Field(default_factory=dict, description="memprune.label.LabelConfig fields")
-    train: dict[str, Any] = Field(default_factory=dict, description="memprune.train.TrainConfig fields")
-    evaluate: dict[str, Any] = Field(default_factory=dict, description="memprune.evaluate.EvalConfig fields")
-    prune: dict[str, Any] = Field(default_factory=dict, description="memprune.prune.PruneConfig fields")
+    rule: PruneRule = Field(default_factory=PruneRule, description="the pruning rule of the evaluation and the prune step")
+    label: LabelSettings = Field(default_factory=LabelSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+    evaluate: EvalSettings = Field(default_factory=EvalSettings)
+    prune: PruneSettings = Field(default_factory=PruneSettings)
     prune_scorer: str | None = Field(
         None, description="stage/seed of the scorer that prunes, e.g. stage2/seed0 (default: last trained stage, first seed)"
     )
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "PipelineConfig":
+        for section in ("evaluate", "prune"):
+            if "rule" in getattr(self, section).model_fields_set:
+                raise ValueError(f"{section}.rule: set the pruning rule once, as the top-level `rule`")
+        self.evaluate = self.evaluate.model_copy(update={"rule": self.rule})
+        self.prune = self.prune.model_copy(update={"rule": self.rule})
+        return self
 
 
 def is_uri(path: str) -> bool:
@@ -62,16 +81,20 @@ def is_uri(path: str) -> bool:
 
 
 def _upload(local: Path, uri: str) -> None:
-    """Copy a finished stage directory to `uri` (any pyarrow filesystem)."""
+    """Copy a finished step's directory (or file) to `uri` (any pyarrow filesystem)."""
     from pyarrow import fs
 
     filesystem, root = fs.FileSystem.from_uri(uri)
+    if local.is_file():
+        with filesystem.open_output_stream(root) as fh:
+            fh.write(local.read_bytes())
+        return
     filesystem.create_dir(root, recursive=True)
     fs.copy_files(str(local), root, source_filesystem=fs.LocalFileSystem(), destination_filesystem=filesystem)
 
 
 def _download(uri: str, local: Path) -> bool:
-    """Fetch a stage directory from `uri` into `local`; False when it does not exist there."""
+    """Fetch a step's directory from `uri` into `local`; False when it does not exist there."""
     from pyarrow import fs
 
     filesystem, root = fs.FileSystem.from_uri(uri)
@@ -82,107 +105,75 @@ def _download(uri: str, local: Path) -> bool:
     return True
 
 
-def _scorer_dir(train_dir: Path, cfg: PipelineConfig, train_cfg: Any) -> Path:
-    if cfg.prune_scorer:
-        return train_dir / cfg.prune_scorer
-    return train_dir / train_cfg.stages[-1] / f"seed{train_cfg.seeds[0]}"
+def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one step from its typed settings and the shared directories; (its summary, its headline)."""
+    if step == "data":
+        c = cfg.corpus
+        if c.format == "synth":
+            from memprune.synth import SynthConfig, run as synth
 
+            result = synth(SynthConfig(**c.model_dump(include=set(SynthSettings.model_fields)), out=dirs["data"]))
+        else:
+            from memprune.ingest import ingest
 
-def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
-    """Run the requested stages in order; return a summary with each stage's headline numbers."""
-    from memprune.evaluate import evaluate_run
-    from memprune.ingest import ingest
-    from memprune.label import LabelConfig, run_label
-    from memprune.prune import PruneConfig, run_prune
-    from memprune.synth import generate
-    from memprune.train import TrainConfig, run_training
+            result = ingest(c.format, c.input or "", dirs["data"], split=c.split)
+        return result, result["counts"]
+    if step == "label":
+        from memprune.label import LabelConfig, run as label
 
-    remote = cfg.out if is_uri(cfg.out) else None
-    if remote:
-        root = Path(cfg.staging_dir or tempfile.mkdtemp(prefix="memprune-staging-"))
-    else:
-        root = Path(cfg.out)
-    root.mkdir(parents=True, exist_ok=True)
-    dirs = {stage: root / stage for stage in STAGES}
-    dirs["evaluate"] = root / "report"
-    summary: dict[str, Any] = {"out": cfg.out, "stages": {}}
-    started = time.perf_counter()
-
-    def needs(stage: str) -> None:
-        """Make an earlier stage's output available locally (download it when `out` is a URI)."""
-        if not dirs[stage].exists() and not (remote and _download(f"{remote.rstrip('/')}/{dirs[stage].name}", dirs[stage])):
-            raise FileNotFoundError(f"stage {stage!r} has no output at {dirs[stage]}; run it first (stages: {cfg.stages})")
-
-    label_cfg = LabelConfig.model_validate({**cfg.label, "data": dirs["data"], "out": dirs["label"]})
-    train_cfg = TrainConfig.model_validate({**cfg.train, "data": dirs["data"], "labels": dirs["label"],
-                                            "out": dirs["train"], "evaluate": False})  # its own stage here
-    for stage in (s for s in STAGES if s in cfg.stages):
-        console.rule(f"[bold]memprune pipeline: {stage}")
-        t0 = time.perf_counter()
-        if stage == "data":
-            c = cfg.corpus
-            if c.format == "synth":
-                result = generate(conversations=c.conversations, sessions=c.sessions, out=dirs["data"], seed=c.seed)
-            else:
-                if c.input is None:
-                    raise ValueError(f"corpus.format={c.format} needs corpus.input")
-                result = ingest(c.format, c.input, dirs["data"], split=c.split)
-            headline = result["counts"]
-        elif stage == "label":
-            needs("data")
-            result = run_label(label_cfg)
-            headline = {"bullets_labelled": result["counts"]["bullets_labelled"],
+        result = label(LabelConfig(**cfg.label.model_dump(), data=dirs["data"], out=dirs["label"]))
+        return result, {"bullets_labelled": result["counts"]["bullets_labelled"],
                         "pairs": result["counts"].get("pairs"), "error_rate": result.get("error_rate")}
-        elif stage == "train":
-            needs("data"), needs("label")
-            result = run_training(train_cfg)
-            headline = {"stages": train_cfg.stages, "seeds": train_cfg.seeds}
-        elif stage == "evaluate":
-            needs("data"), needs("train")
-            result = evaluate_run(dirs["train"], dirs["evaluate"], data_dir=dirs["data"], config=eval_config(cfg.evaluate))
-            headline = {"report": str(dirs["evaluate"] / "report.md")}
-        else:  # prune
-            needs("data"), needs("train")
-            prune_cfg = PruneConfig.model_validate({
-                "scorer": str(_scorer_dir(dirs["train"], cfg, train_cfg)),
-                "input": str(dirs["data"] / "bullets.parquet"),
-                "out": str(dirs["prune"]),
-                **cfg.prune,
-            })
-            result = run_prune(prune_cfg)
-            headline = {"rows_in": result["input"]["rows"], "rows_out": result["output"]["rows"],
-                        "bullet_reduction_pct": result["result"]["bullet_reduction_pct"],
-                        "token_reduction_pct": result["result"]["token_reduction_pct"]}
+    if step == "train":
+        from memprune.train import TrainConfig, run as train
+
+        result = train(TrainConfig(**cfg.train.model_dump(), data=dirs["data"], labels=[dirs["label"]],
+                                   out=dirs["train"]))
+        return result, {"stages": cfg.train.stages, "seeds": cfg.train.seeds}
+    if step == "evaluate":
+        from memprune.evaluate import EvalConfig, run as evaluate
+
+        result = evaluate(EvalConfig(**cfg.evaluate.model_dump(), run=dirs["train"], out=dirs["evaluate"],
+                                     data=dirs["data"]))
+        return result, {"report": str(dirs["evaluate"] / "report.md")}
+    from memprune.prune import PruneConfig, run as prune
+
+    scorer = dirs["train"] / (cfg.prune_scorer or f"{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}")
+    result = prune(PruneConfig(**cfg.prune.model_dump(), scorer=str(scorer), input=str(dirs["data"] / "bullets.parquet"),
+                               out=str(dirs["prune"])))
+    return result, {"rows_in": result["input"]["rows"], "rows_out": result["output"]["rows"],
+                    "bullet_reduction_pct": result["result"]["bullet_reduction_pct"],
+                    "token_reduction_pct": result["result"]["token_reduction_pct"]}
+
+
+NEEDS = {"data": (), "label": ("data",), "train": ("data", "label"), "evaluate": ("data", "train"),
+         "prune": ("data", "train")}
+
+
+def run(cfg: PipelineConfig) -> dict[str, Any]:
+    """Run the requested steps in order; return a summary with each step's headline numbers."""
+    remote = cfg.out.rstrip("/") if is_uri(cfg.out) else None
+    root = Path(cfg.staging_dir or tempfile.mkdtemp(prefix="memprune-staging-")) if remote else Path(cfg.out)
+    root.mkdir(parents=True, exist_ok=True)
+    dirs = {step: root / name for step, name in DIRS.items()}
+    summary: dict[str, Any] = {"out": cfg.out, "steps": {}}
+    started = time.perf_counter()
+    for step in (s for s in STEPS if s in cfg.steps):
+        console.rule(f"[bold]memprune pipeline: {step}")
+        for need in NEEDS[step]:  # an earlier step's output, local or fetched from `out`
+            if not dirs[need].exists() and not (remote and _download(f"{remote}/{DIRS[need]}", dirs[need])):
+                raise FileNotFoundError(f"step {need!r} has no output at {dirs[need]}; run it first (steps: {cfg.steps})")
+        t0 = time.perf_counter()
+        _, headline = _step(step, cfg, dirs)
         if remote:
-            _upload(dirs[stage], f"{remote.rstrip('/')}/{dirs[stage].name}")
-        summary["stages"][stage] = {"seconds": round(time.perf_counter() - t0, 2), "dir": str(dirs[stage]), **headline}
+            _upload(dirs[step], f"{remote}/{DIRS[step]}")
+        summary["steps"][step] = {"seconds": round(time.perf_counter() - t0, 2), "dir": str(dirs[step]), **headline}
     summary["seconds"] = round(time.perf_counter() - started, 2)
     summary["report"] = str(dirs["evaluate"] / "report.md")
     write_json(root / "pipeline.json", json.loads(json.dumps(summary, default=str)))
     if remote:
-        _upload_file(root / "pipeline.json", f"{remote.rstrip('/')}/pipeline.json")
+        _upload(root / "pipeline.json", f"{remote}/pipeline.json")
     return summary
-
-
-def _upload_file(local: Path, uri: str) -> None:
-    from pyarrow import fs
-
-    filesystem, path = fs.FileSystem.from_uri(uri)
-    with filesystem.open_output_stream(path) as fh:
-        fh.write(local.read_bytes())
-
-
-def eval_config(values: dict[str, Any]) -> Any:
-    """An `EvalConfig` (a dataclass) from a config section; unknown keys are an error."""
-    from dataclasses import fields
-
-    from memprune.evaluate import EvalConfig
-
-    known = {f.name for f in fields(EvalConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown evaluate option(s) {unknown}; known: {sorted(known)}")
-    return EvalConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def quickstart_config(out: str, data: str | None = None) -> PipelineConfig:
@@ -191,24 +182,26 @@ def quickstart_config(out: str, data: str | None = None) -> PipelineConfig:
     if data:
         fmt, sep, path = data.partition(":")
         if not sep or fmt not in ("msc", "locomo", "jsonl"):
-            raise ValueError(f"--data must be FORMAT:PATH with FORMAT msc, locomo or jsonl, got {data!r}")
+            raise ConfigError(f"--data must be FORMAT:PATH with FORMAT msc, locomo or jsonl, got {data!r}")
         corpus = CorpusSpec(format=fmt, input=path, split="valid" if fmt == "msc" else None)
-    return PipelineConfig(
-        out=out,
-        corpus=corpus,
-        label={"judge": "similarity"},
-        train={"seeds": [0, 1, 2], "max_length": 32,
-               "stage1": {"epochs": 40, "lr": 0.003, "batch_size": 64, "patience": 5},
-               "stage2": {"epochs": 2, "lr": 0.0005, "batch_size": 32, "patience": 1},
-               "ray": {"num_workers": 1, "cpus_per_worker": 1}},
-        prune={"threshold": 0.5, "top_k": 5},
-    )
+    return PipelineConfig.model_validate({
+        "out": out,
+        "corpus": corpus.model_dump(),
+        "label": {"judge": "similarity"},
+        "train": {"seeds": [0, 1, 2], "max_length": 32,
+                  "stage1": {"epochs": 40, "lr": 0.003, "batch_size": 64, "patience": 5},
+                  "stage2": {"epochs": 2, "lr": 0.0005, "batch_size": 32, "patience": 1},
+                  "ray": {"num_workers": 1, "cpus_per_worker": 1}},
+    })
 
 
 def headline(report_dir: str | Path) -> str:
     """The report's main tables (test split, mean ± std over seeds) as Markdown."""
-    from memprune.report import quality_tables
+    from memprune.evaluate.report import quality_tables
 
     metrics = json.loads((Path(report_dir) / "metrics.json").read_text())
     split = metrics["splits"].get("test") or next(iter(metrics["splits"].values()))
     return "\n".join(quality_tables(split, metrics["config"]["baseline"], metrics["config"]["ks"]))
+
+
+run_pipeline = run

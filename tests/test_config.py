@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from memprune.config import ConfigError, load_config, parse_overrides
-from memprune.jobrunner import split_args
+from memprune.runtime import split_args
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -210,9 +210,9 @@ def test_bertscore_matches_the_library_with_a_local_encoder(minilm_path):
 def test_mauve_matches_the_library_on_our_features(minilm_path):
     import mauve
 
-    from memprune.judge import SimilarityJudge
+    from memprune.encoders import SentenceEncoder
 
-    enc = SimilarityJudge(model=minilm_path)
+    enc = SentenceEncoder(model=minilm_path)
     dialogue = [f"I adopted a {a} {b} last week." for a in ("small", "big", "old") for b in ("dog", "cat", "horse")]
     weather = [f"The weather in {c} was {w} today." for c in ("Paris", "Oslo", "Rome") for w in ("cold", "sunny", "wet")]
     p, q, far = enc.encode(dialogue), enc.encode(list(reversed(dialogue))), enc.encode(weather)
@@ -276,7 +276,7 @@ def test_dialogue_eval_end_to_end_on_the_tiny_llm(ray_local, tiny_llm, corpus_an
     llm_yaml.write_text(f"engine: hf\nmodel: {tiny_llm}\ndtype: float32\nmax_model_len: 2048\nbatch_size: 8\n"
                         f"stage_num_cpus: 0.25\nmax_retries: 1\nsampling:\n  max_tokens: {{reply: 12}}\n")
     out = tmp_path / "out"
-    args = ["dialogue-eval", "--data", str(data), "--pruned", str(pruned), "--llm", str(llm_yaml), "--out", str(out),
+    args = ["dialogue-eval", "--data", str(data), "--pruned", str(pruned), "--llm-config", str(llm_yaml), "--out", str(out),
             "--turns", "6", "--retrieval-k", "3", "--set", "mauve.min_samples=4", "--set", "bootstrap.samples=200",
             "--set", "progress=false"]
     result = CliRunner().invoke(app, args)
@@ -342,12 +342,12 @@ def test_dialogue_eval_end_to_end_on_the_tiny_llm(ray_local, tiny_llm, corpus_an
 def test_cli_and_job_errors_are_one_clear_line(tmp_path, corpus_and_store):
     data, pruned = corpus_and_store
     result = CliRunner().invoke(app, ["dialogue-eval", "--data", str(tmp_path), "--pruned", str(pruned),
-                                      "--llm", str(REPO / "configs/llm/hf-tiny-cpu.yaml"), "--out", str(tmp_path / "o")])
+                                      "--llm-config", str(REPO / "configs/llm/hf-tiny-cpu.yaml"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no sessions.parquet" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["dialogue-eval", "--data", str(data), "--out", str(tmp_path / "o"),
-                                      "--llm", str(REPO / "configs/llm/hf-tiny-cpu.yaml")])
+                                      "--llm-config", str(REPO / "configs/llm/hf-tiny-cpu.yaml")])
     assert result.exit_code == 2 and "needs `pruned`" in " ".join(result.output.split())
-    from memprune.jobrunner import run_job
+    from memprune.runtime import run_job
 
     assert run_job("dialogue_eval", DialogueEvalConfig, lambda c: {}, [str(REPO / "configs/dialogue-eval.yaml"),
                                                                        "conditions=[none,bogus]"]) == 2

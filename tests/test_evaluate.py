@@ -11,14 +11,13 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from memprune import metrics as M
+from memprune.evaluate import metrics as M
 from memprune.evaluate import (
-    EvalConfig,
+    EvalSettings,
     EvaluationError,
     discover_run,
     evaluate_run,
     expected_random_share,
-    make_token_counter,
     paired_seed_test,
     wilcoxon_sessions,
 )
@@ -69,7 +68,7 @@ def test_outputs_and_strict_json(evaluated):
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert (out / "ranking_vs_k.png").read_bytes()[:4] == b"\x89PNG"
     assert result["splits"]["test"]["stages"] == ["vanilla", "stage1", "stage2"]
-    assert set(result["splits"]) == {"test", "validation"}
+    assert set(result["splits"]) == {"test", "valid"}
 
 
 def test_per_seed_numbers_match_a_direct_computation(evaluated):
@@ -110,7 +109,7 @@ def test_pruning_grid_is_complete(evaluated):
     pr = result["splits"]["test"]["aggregate"]["stage2"]["pruning"]
     for name in ("t0.5_k1", "t0.5_k3", "t0.5_k5", "t0.5_kall", "t0.1_k5", "t0.9_kall"):
         assert name in pr
-    reductions = [pr[f"t{t:g}_k5"]["bullet_reduction_pct"]["mean"] for t in EvalConfig().thresholds]
+    reductions = [pr[f"t{t:g}_k5"]["bullet_reduction_pct"]["mean"] for t in EvalSettings().thresholds]
     assert reductions == sorted(reductions)  # a higher threshold never keeps more
 
 
@@ -249,12 +248,12 @@ def test_valid_split_alias_and_notes(tmp_path):
     write_predictions(tmp_path / "run", "stage1", 0, pd.concat([pred, extra], ignore_index=True))
     result = evaluate_run(tmp_path / "run", tmp_path / "out", data_dir=tmp_path / "data", tokenizer="whitespace",
                           splits=("test", "validation"), figures=False)
-    assert result["splits"]["validation"]["n_bullets"] == 5
-    assert "not in the corpus bullets.parquet" in " ".join(result["splits"]["validation"]["notes"])
-    assert result["splits"]["validation"]["per_seed"]["stage1"]["0"]["n_bullets_without_text"] == 4
+    assert result["splits"]["valid"]["n_bullets"] == 5
+    assert "not in the corpus bullets.parquet" in " ".join(result["splits"]["valid"]["notes"])
+    assert result["splits"]["valid"]["per_seed"]["stage1"]["0"]["n_bullets_without_text"] == 4
     write_predictions(tmp_path / "run2", "stage1", 0, pred)
     result = evaluate_run(tmp_path / "run2", tmp_path / "out2", splits=("test", "validation"), figures=False)
-    assert result["notes"] == ["no prediction rows with split 'validation': split skipped"]
+    assert result["notes"] == ["no prediction rows with split 'valid': split skipped"]
     assert "split skipped" in (tmp_path / "out2" / "report.md").read_text()
 
 
@@ -274,16 +273,6 @@ def test_significance_helpers_edge_cases():
     assert t["n_seeds"] == 3 and 0 < t["p"] < 0.05
 
 
-def test_minilm_token_counter(minilm_path):
-    count, unit = make_token_counter("minilm")
-    assert "MiniLM" in unit
-    assert count(["hello world", "hello " * 1000]).tolist() == [2, 1000]  # no [CLS]/[SEP], no truncation
-    count_path, _ = make_token_counter(minilm_path)
-    assert count_path(["hello world"]).tolist() == [2]
-    with pytest.raises(EvaluationError, match="tokenizer file not found"):
-        make_token_counter(str(Path(minilm_path) / "nope.json"))
-
-
 def test_cli_evaluate(tmp_path):
     from typer.testing import CliRunner
 
@@ -294,7 +283,7 @@ def test_cli_evaluate(tmp_path):
     ok = runner.invoke(app, ["evaluate", "--run", str(tmp_path / "run"), "--out", str(tmp_path / "out"),
                              "--no-figures", "--top-k", "0"])
     assert ok.exit_code == 0, ok.output
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["config"]["prune_top_k"] is None
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["config"]["rule"]["top_k"] is None
     bad = runner.invoke(app, ["evaluate", "--run", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")])
     assert bad.exit_code == 2 and "run directory" in bad.output and "not found" in bad.output
 

@@ -22,9 +22,10 @@ from typer.testing import CliRunner
 from memprune import schema
 from memprune.cli import app
 from memprune.io import read_table, write_table
-from memprune.jobrunner import run_job
-from memprune.judge import SimilarityJudge, cosine_to_score
-from memprune.label import ALL_PAIRS_FAILED, LabelConfig, aggregate, load_label_config, run_label
+from memprune.runtime import run_job
+from memprune.config import load_config
+from memprune.label import ALL_PAIRS_FAILED, LabelConfig, aggregate, run_label
+from memprune.label.similarity import SimilarityJudge, cosine_to_score
 
 REPO = Path(__file__).resolve().parents[1]
 N_CONVERSATIONS = 5
@@ -252,7 +253,7 @@ def test_cli_reports_bad_input_clearly(tmp_path: Path, small_msc: Path):
     code, output = run("--data", str(small_msc), "--out", str(tmp_path / "o"), "--speaker", "both")
     assert code == 2 and "speaker" in output
     with pytest.raises(Exception, match="decay"):
-        load_label_config(None, [f"data={small_msc}", "out=x", "decay=2"])
+        load_config(None, [f"data={small_msc}", "out=x", "decay=2"], LabelConfig)
 
 
 # ---------------------------------------------------------------- the LLM judge (http engine, scripted server)
@@ -353,13 +354,11 @@ def test_similarity_on_a_ray_actor_pool_matches_in_process(
 
 
 def test_llm_label_config_layers_file_inline_and_overrides(monkeypatch: pytest.MonkeyPatch):
-    from memprune.label import _llm_config
-
     monkeypatch.chdir(REPO)
-    cfg = load_label_config(REPO / "configs" / "label-llm.yaml",
-                            ["data=d", "out=o", "llm.model=/models/judge", "llm_overrides=[batch_size=8]"])
-    llm = _llm_config(cfg)
+    cfg = load_config(REPO / "configs" / "label-llm.yaml",
+                      ["data=d", "out=o", "llm.model=/models/judge", "llm_overrides=[batch_size=8]"], LabelConfig)
+    llm = cfg.llm_settings()
     assert (cfg.judge, llm.engine, llm.model, llm.accelerator, llm.batch_size) == ("llm", "vllm", "/models/judge", "gpu", 8)
     assert llm.enable_prefix_caching
     with pytest.raises(Exception, match="llm.engine"):
-        _llm_config(load_label_config(None, ["data=d", "out=o", "judge=llm", "llm.engine=gpt"]))
+        load_config(None, ["data=d", "out=o", "judge=llm", "llm.engine=gpt"], LabelConfig).llm_settings()

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import ndcg_score
 
-from memprune import metrics as M
+from memprune.evaluate import metrics as M
 
 # ---------------------------------------------------------------- global regression
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memprune import schema
-from memprune.pairs import (
+from memprune.label.aggregate import decay_weight
+from memprune.label.pairs import (
     NO_NEXT_SESSION,
     NO_SPEAKER,
     NO_TARGET_TURNS,
@@ -94,7 +95,7 @@ def test_context_window_holds_the_turns_right_before_the_target(window):
 def test_horizon_reaches_later_sessions_and_skips_missing_ones():
     # session 3 is missing: a bullet of session 2 gets session 4 at h=2 only, never session 3 "as" h=1
     sessions, bullets = corpus({"c": {1: AB[:2], 2: AB[:3], 4: AB[:4]}}, {"c": {1: ["A"], 2: ["B"], 4: ["A"]}})
-    plan = build_pairs(sessions, bullets, PairOptions(horizon=3, decay=0.5))
+    plan = build_pairs(sessions, bullets, PairOptions(horizon=3))
     rows = plan.pairs.to_pylist()
     by_bullet: dict[str, set[tuple[int, int]]] = {}
     for r in rows:
@@ -106,7 +107,7 @@ def test_horizon_reaches_later_sessions_and_skips_missing_ones():
     # horizon 1: the bullet of session 2 has no next session (3 is missing)
     plan1 = build_pairs(sessions, bullets, PairOptions(horizon=1))
     assert dict(plan1.unpaired) == {"c:s2:b0": NO_NEXT_SESSION, "c:s4:b0": NO_NEXT_SESSION}
-    assert PairOptions(decay=0.5).weight(1) == 1.0 and PairOptions(decay=0.5).weight(3) == 0.25
+    assert decay_weight(0.5, 1) == 1.0 and decay_weight(0.5, 3) == 0.25  # decay belongs to aggregation
 
 
 def _runs_are_contiguous(keys: list) -> bool:
@@ -150,7 +151,7 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="horizon"):
         PairOptions(horizon=0)
     with pytest.raises(ValueError, match="decay"):
-        PairOptions(decay=0.0)
+        decay_weight(0.0, 1)
     with pytest.raises(ValueError, match="speaker"):
         PairOptions(speaker="both")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="context_turns"):

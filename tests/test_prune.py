@@ -17,7 +17,6 @@ from memprune.prune import (
     PruneError,
     group_keys_of,
     list_store_files,
-    make_token_counter,
     open_store,
     plan_store,
     read_pruned,
@@ -26,6 +25,7 @@ from memprune.prune import (
 )
 from memprune.schema import BULLETS
 from memprune.scorer import Scorer, ScorerConfig
+from memprune.tokens import token_counter
 
 SESSION = list(GROUP_KEYS["session"])
 
@@ -81,8 +81,8 @@ def store(tmp_path_factory, corpus) -> Path:
     return d
 
 
-def _job(scorer_dir, store, out, **kw) -> dict:
-    kw = {"block_rows": 64, "progress": False, "top_k": 3, **kw}
+def _job(scorer_dir, store, out, group_by="session", **kw) -> dict:
+    kw = {"block_rows": 64, "progress": False, "rule": {"top_k": 3, "group_by": group_by}, **kw}
     cfg = PruneConfig(scorer=str(scorer_dir), input=str(store), out=str(out), **kw)
     return run_prune(cfg)
 
@@ -155,7 +155,7 @@ def test_prune_json_matches_the_written_store(streamed, scorer_dir, pruner):
     sessions = group_keys_of(got, SESSION)
     n = len(set(sessions))
     keep = got["keep"].to_numpy(zero_copy_only=False)
-    count, unit = make_token_counter("encoder", pruner.scorer)
+    count, unit = token_counter("encoder", tokenizer=pruner.scorer.tokenizer)
     tokens = count(got["text"].to_pylist())
     r = summary["result"]
     assert summary["groups"] == n and r["top_k"] == 3 and r["threshold"] == 0.5
@@ -387,8 +387,8 @@ def test_config_validation_and_shipped_configs():
     root = Path(__file__).resolve().parents[1]
     for name in ("prune-local.yaml", "prune-gpu.yaml"):
         cfg = load_config(root / "configs" / name, [], PruneConfig)
-        assert cfg.threshold == 0.5 and cfg.top_k == 5
+        assert cfg.rule.threshold == 0.5 and cfg.rule.top_k == 5
     with pytest.raises(ConfigError, match="top_k"):
-        load_config(root / "configs" / "prune-local.yaml", ["top_k=0"], PruneConfig)
+        load_config(root / "configs" / "prune-local.yaml", ["rule.top_k=0"], PruneConfig)
     with pytest.raises(ConfigError, match="group_by"):
-        load_config(root / "configs" / "prune-local.yaml", ["group_by=turn"], PruneConfig)
+        load_config(root / "configs" / "prune-local.yaml", ["rule.group_by=turn"], PruneConfig)

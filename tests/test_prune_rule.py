@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memprune.prune_rule import group_codes, prune_mask, rank_within_groups
+from memprune.prune.rule import group_codes, prune_mask, rank_within_groups
 
 SCORES = [0.9, 0.4, 0.7, 0.7, 0.6]
 GROUPS = ["a", "a", "a", "a", "b"]

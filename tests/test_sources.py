@@ -20,7 +20,7 @@ from memprune.cli import app
 from memprune.io import read_table, write_table
 from memprune.label import LabelConfig, aggregate, run_label
 from memprune.rejects import Ledger
-from memprune.sources import (
+from memprune.label.sources import (
     NO_LATER_SESSION,
     NO_QA_FOR_CONVERSATION,
     NO_USAGE_EVENTS,
@@ -276,7 +276,7 @@ def test_cli_sources(locomo: Path, tmp_path: Path):
 
 
 def test_roc_auc_is_the_pairwise_win_rate():
-    from memprune import metrics as M
+    from memprune.evaluate import metrics as M
 
     rng = np.random.default_rng(0)
     t = rng.random(40) < 0.3
@@ -433,6 +433,7 @@ def test_mixed_label_tables_weights_and_conflict_rule(tmp_path: Path):
 def test_kfold_training_never_predicts_a_conversation_from_its_own_labels(
         ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import memprune.train as T
+    from memprune.evaluate import evaluate_run
 
     data, bullets = _synth(tmp_path, 6, seed=4)
     ids = bullets.column("bullet_id").to_pylist()
@@ -444,14 +445,16 @@ def test_kfold_training_never_predicts_a_conversation_from_its_own_labels(
     gold = _write_labels(tmp_path / "usage", gold_ids, [float(recurs[ids.index(b)]) for b in gold_ids], "usage")
 
     fed: dict[str, dict[str, set[str]]] = {}  # fold dir -> split -> conversations the trainer was given
-    real = T.run_trained_stage
+    from memprune.train import recipe
+
+    real = recipe.run_stage
 
     def spy(cfg, inputs, stage, seed):
         fed[str(cfg.out)] = {s: set(inputs.tables[s].column("conversation_id").to_pylist()) for s in ("train", "valid")}
         assert "weight" in inputs.tables["train"].column_names
         return real(cfg, inputs, stage, seed)
 
-    monkeypatch.setattr(T, "run_trained_stage", spy)
+    monkeypatch.setattr(recipe, "run_stage", spy)
     cfg = T.TrainConfig(
         data=data, labels=[judge, gold], out=tmp_path / "run", folds=3, label_weights={"usage": 3.0},
         stages=["vanilla", "stage1"], seeds=[0], max_length=24, split={"valid": 1},
@@ -459,6 +462,7 @@ def test_kfold_training_never_predicts_a_conversation_from_its_own_labels(
         embed={"batch_size": 64, "actors": 1}, ray={"num_workers": 0},
     )
     summary = T.run_training(cfg)
+    evaluate_run(cfg.out, cfg.out / "eval", data_dir=data)  # `memprune train` and the pipeline chain this step
     assert summary["folds"] == 3 and len(summary["per_fold"]) == 3
     assert summary["labels_counts"]["labels_by_source"]["usage"] == len(gold_ids)
 
@@ -482,7 +486,7 @@ def test_kfold_training_never_predicts_a_conversation_from_its_own_labels(
     assert test["n_bullets"] == len(ids)  # every labelled bullet predicted once, out of fold
     assert test["aggregate"]["stage1"]["classification"]["auc"]["mean"] is not None
     # a rerun reuses every fold's finished runs
-    again = T.run_training(cfg.model_copy(update={"evaluate": False}))
+    again = T.run_training(cfg)
     assert all(r["reused"] for r in again["runs"])
 
 
@@ -498,9 +502,10 @@ def test_cli_train_mixing_and_folds_options_are_validated(locomo: Path, tmp_path
     assert res.exit_code == 2 and "positive" in res.output.replace("\n", "")
     res = runner.invoke(app, [*base, "--folds", "1"])
     assert res.exit_code == 2
-    from memprune.train import load_train_config
+    from memprune.config import load_config
+    from memprune.train import TrainConfig
 
-    cfg = load_train_config(None, ["folds=4", "label_weights.usage=3"],
-                            {"data": str(locomo), "labels": [str(tmp_path / "a"), str(tmp_path / "b")], "out": "o"})
+    cfg = load_config(None, ["folds=4", "label_weights.usage=3"], TrainConfig,
+                      {"data": str(locomo), "labels": [str(tmp_path / "a"), str(tmp_path / "b")], "out": "o"})
     assert cfg.folds == 4 and cfg.weight_of("usage") == 3.0 and cfg.weight_of("judge") == 1.0 and len(cfg.labels) == 2
-    assert load_train_config(None, [], {"data": "d", "labels": "one", "out": "o"}).labels[0].name == "one"
+    assert load_config(None, [], TrainConfig, {"data": "d", "labels": "one", "out": "o"}).labels[0].name == "one"

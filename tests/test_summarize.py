@@ -92,7 +92,7 @@ def test_bullet_rows_and_config_validation(tmp_path):
 def test_cli_summarize_counts_evidence_errors_and_resumes(ray_local, server, corpus, tmp_path):
     llm = _llm_yaml(tmp_path / "llm.yaml", server)
     out = tmp_path / "out"
-    args = ["summarize", "--data", str(corpus), "--out", str(out), "--llm", str(llm), "--chunk-sessions", "2"]
+    args = ["summarize", "--data", str(corpus), "--out", str(out), "--llm-config", str(llm), "--chunk-sessions", "2"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "summarized 2/4 sessions into 4 bullets" in result.output
@@ -134,12 +134,12 @@ def test_cli_summarize_counts_evidence_errors_and_resumes(ray_local, server, cor
 
 def test_cli_summarize_bad_inputs_exit_2(tmp_path):
     result = CliRunner().invoke(app, ["summarize", "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                                      "--llm", str(REPO / "configs" / "llm" / "hf-tiny-cpu.yaml")])
+                                      "--llm-config", str(REPO / "configs" / "llm" / "hf-tiny-cpu.yaml")])
     assert result.exit_code == 2 and "no sessions.parquet" in " ".join(result.output.split())
     bad = tmp_path / "bad.yaml"
     bad.write_text("engine: hf\nmodel: m\nsampling: {tempreature: 1}\n")
     result = CliRunner().invoke(app, ["summarize", "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                                      "--llm", str(bad)])
+                                      "--llm-config", str(bad)])
     assert result.exit_code == 2 and "sampling.tempreature" in " ".join(result.output.split())
 
 
@@ -150,7 +150,7 @@ def test_job_entrypoint(ray_local, server, corpus, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("memprune_job_summarize", REPO / "jobs" / "summarize.py")
     job = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(job)
-    from memprune.jobrunner import run_job
+    from memprune.runtime import run_job
 
     cfg = tmp_path / "job.yaml"
     cfg.write_text(yaml.safe_dump({"data": str(corpus), "out": str(tmp_path / "job-out"),

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memprune import synth
+from memprune.synth import vocabulary as vocab
 from memprune.io import read_table
 from memprune.schema import BULLETS, SYNTH_BULLETS, validate_table
 
@@ -32,36 +33,36 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _all_fragments() -> list[str]:
     """Every string the generator can put into a turn or bullet, except the one-off phrases."""
     frags: list[str] = []
-    for cat in synth.DURABLE.values():
+    for cat in vocab.DURABLE.values():
         frags += list(cat.keys) + list(cat.intro + cat.again + cat.ask + cat.answer + cat.bullet)
-    for cat in synth.ONEOFF.values():
+    for cat in vocab.ONEOFF.values():
         frags += [t for pair in cat.templates for t in pair]
-    frags += list(synth.GREETINGS + synth.REPLY_GREETINGS + synth.ACKS + synth.PROMPTS + synth.TRANSITIONS)
-    frags += list(synth.CLOSINGS + synth.BYES) + synth.SPEAKER_NAMES + synth.PERSON_NAMES
-    frags += synth.PROFESSIONS + synth.RELATIONS + synth.SPECIES + synth.WHEN + synth.YEARS
-    frags += list(synth.GOAL_PHRASES.values())
+    frags += list(vocab.GREETINGS + vocab.REPLY_GREETINGS + vocab.ACKS + vocab.PROMPTS + vocab.TRANSITIONS)
+    frags += list(vocab.CLOSINGS + vocab.BYES) + vocab.SPEAKER_NAMES + vocab.PERSON_NAMES
+    frags += vocab.PROFESSIONS + vocab.RELATIONS + vocab.SPECIES + vocab.WHEN + vocab.YEARS
+    frags += list(vocab.GOAL_PHRASES.values())
     return frags
 
 
 def test_vocabulary_keeps_one_offs_unique_and_apart_from_durable_facts() -> None:
-    oneoff_phrases = [p for cat in synth.ONEOFF.values() for p in cat.phrases]
-    oneoff_keys = [synth.oneoff_key(p) for p in oneoff_phrases]
-    durable_keys = [k for name, cat in synth.DURABLE.items() if name != "relation" for k in cat.keys]
-    durable_keys += synth.PERSON_NAMES
+    oneoff_phrases = [p for cat in vocab.ONEOFF.values() for p in cat.phrases]
+    oneoff_keys = [vocab.oneoff_key(p) for p in oneoff_phrases]
+    durable_keys = [k for name, cat in vocab.DURABLE.items() if name != "relation" for k in cat.keys]
+    durable_keys += vocab.PERSON_NAMES
     every_key = [k.lower() for k in oneoff_keys + durable_keys]
     assert len(every_key) == len(set(every_key)), "a key entity is listed twice"
-    assert not set(synth.SPEAKER_NAMES) & set(synth.PERSON_NAMES + synth.PET_NAMES)
-    assert set(synth.GOAL_PHRASES) == set(synth.DURABLE["goal"].keys)
-    assert all(_word(k).search(p) for k, p in synth.GOAL_PHRASES.items())
+    assert not set(vocab.SPEAKER_NAMES) & set(vocab.PERSON_NAMES + vocab.PET_NAMES)
+    assert set(vocab.GOAL_PHRASES) == set(vocab.DURABLE["goal"].keys)
+    assert all(_word(k).search(p) for k, p in vocab.GOAL_PHRASES.items())
     fragments = _all_fragments()
     for key, phrase in zip(oneoff_keys, oneoff_phrases):
         pattern = _word(key)
         clashes = [f for f in fragments if pattern.search(f)]
         clashes += [p for p in oneoff_phrases if p != phrase and pattern.search(p)]
         assert not clashes, f"one-off key {key!r} also occurs in {clashes[:3]}"
-    oneoff_text = oneoff_phrases + [t for cat in synth.ONEOFF.values() for pair in cat.templates for t in pair]
-    oneoff_text += list(synth.GREETINGS + synth.REPLY_GREETINGS + synth.ACKS + synth.PROMPTS + synth.TRANSITIONS)
-    oneoff_text += list(synth.CLOSINGS + synth.BYES)
+    oneoff_text = oneoff_phrases + [t for cat in vocab.ONEOFF.values() for pair in cat.templates for t in pair]
+    oneoff_text += list(vocab.GREETINGS + vocab.REPLY_GREETINGS + vocab.ACKS + vocab.PROMPTS + vocab.TRANSITIONS)
+    oneoff_text += list(vocab.CLOSINGS + vocab.BYES)
     for key in durable_keys:
         pattern = _word(key)
         clashes = [t for t in oneoff_text if pattern.search(t)]
@@ -129,7 +130,7 @@ def _check_truth(conv: synth.SynthConversation, checked: dict, strays: bool) -> 
 
 
 def test_recurs_is_true_to_the_generated_text(corpus: Path) -> None:
-    config = synth.SynthConfig(conversations=40, sessions=4, seed=7)
+    config = synth.SynthSettings(conversations=40, sessions=4, seed=7)
     stored = pq.read_table(corpus / "bullets.parquet").to_pylist()
     convs = [synth.synth_conversation(i, config) for i in range(40)]
     regenerated = [b for conv in convs for b in conv.bullets]
@@ -144,7 +145,7 @@ def test_recurs_is_true_to_the_generated_text(corpus: Path) -> None:
 
 
 def test_stray_facts_look_durable_but_do_not_recur() -> None:
-    config = synth.SynthConfig(conversations=30, sessions=5, seed=2, stray_prob=0.3)
+    config = synth.SynthSettings(conversations=30, sessions=5, seed=2, stray_prob=0.3)
     checked: dict = defaultdict(int)
     for i in range(30):
         _check_truth(synth.synth_conversation(i, config), checked, strays=True)

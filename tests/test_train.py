@@ -16,7 +16,7 @@ import torch
 from memprune.io import write_table
 from memprune.rejects import Ledger
 from memprune.scorer import Scorer
-from memprune.splits import SplitConfig, SplitError, split_conversations, split_counts
+from memprune.train.splits import SplitConfig, SplitError, split_conversations, split_counts
 from memprune.train import (
     PREDICTIONS,
     LossConfig,

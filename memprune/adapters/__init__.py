@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from memprune.rejects import Ledger
+from memprune.errors import MemPruneError
 
 KINDS = ("conversation", "session", "turn", "bullet", "qa", "evidence")
 
 
-class IngestError(ValueError):
+class IngestError(MemPruneError):
     """The input cannot be read at all (wrong path, unreadable file, wrong layout)."""
 
 

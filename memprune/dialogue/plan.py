@@ -30,6 +30,8 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from memprune.errors import MemPruneError
+
 CONDITIONS: tuple[str, ...] = ("none", "all", "pruned", "retrieval")
 Condition = Literal["none", "all", "pruned", "retrieval"]
 
@@ -59,7 +61,7 @@ ROWS = pa.schema([
 ])
 
 
-class DialogueError(ValueError):
+class DialogueError(MemPruneError):
     """The dialogue evaluation inputs or settings are unusable; the message names the file, record or key."""
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from memprune.llm.config import LLMConfig
+from memprune.errors import MemPruneError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ OUT_COLUMNS = ("_mp_text", "_mp_n_in", "_mp_n_out", "_mp_engine_error")
 _ERROR_SNIPPET = 500
 
 
-class LLMError(RuntimeError):
+class LLMError(MemPruneError, RuntimeError):
     """The engine cannot be set up at all (not a per-row failure): missing package, no GPUs, bad URL."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from memprune.errors import MemPruneError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
 _SECTION = re.compile(r"^===\s*(system|user|assistant)\s*===\s*$")
@@ -30,7 +31,7 @@ TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
 NO_MEMORY = "(no memory notes)"
 
 
-class PromptError(ValueError):
+class PromptError(MemPruneError):
     """A prompt template is missing or malformed; the message names the file."""
 
 

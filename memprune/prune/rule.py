@@ -1,4 +1,4 @@
-"""The pruning rule of DESIGN step 5 as one pure function, shared by `evaluate` and `prune`.
+"""The pruning rule of DESIGN step 5 as pure functions, shared by `evaluate` and `prune`.
 
 Rule: drop every bullet whose score is below `threshold`, then keep at most `top_k`
 bullets per group (session). Within a group bullets are ranked by score, higher
@@ -80,3 +80,9 @@ def prune_mask(
         # rank among all bullets equals the rank among the passing ones.
         keep &= rank_within_groups(s, codes, ord_arr) < top_k
     return keep
+
+
+def setting_name(threshold: float | None, top_k: int | None) -> str:
+    """Stable key of a pruning setting, e.g. 't0.5_k5' or 't0.5_kall' (prune.json and metrics.json)."""
+    t = "none" if threshold is None else f"{threshold:g}"
+    return f"t{t}_k{'all' if top_k is None else top_k}"

@@ -14,8 +14,8 @@ Rules, precisely:
   without a speaker cannot be filtered by `same`/`other` and gets no pairs (reason `no_speaker`).
 - context: the `context_turns` turns right before the target in its own session (all
   speakers, oldest first); 0 means none.
-- a pair h sessions ahead carries `horizon = h`; the label stage multiplies its score by
-  `decay ** (h - 1)` before aggregating (see `memprune.label.aggregate`).
+- a pair h sessions ahead carries `horizon = h`; aggregation weighs its score by
+  `decay ** (h - 1)` (see `memprune.label.aggregate`).
 - bullets that get no pair are returned with a reason: `no_next_session` (none of the
   sessions t+1..t+H exists), `no_speaker`, `no_target_turns` (the filter left no turn).
 
@@ -64,7 +64,7 @@ PLAN = pa.schema(
 
 @dataclass(frozen=True)
 class PairOptions:
-    """How pairs are built: speaker filter, context window, horizon and decay, judging order.
+    """How pairs are built: speaker filter, context window, horizon, judging order.
 
     `order="target"` (default) puts all bullets for one target turn next to each other:
     the judge prompt (memprune/prompts/judge_v1.txt) is system text, then the dialogue
@@ -78,7 +78,6 @@ class PairOptions:
     speaker: Speaker = "all"
     context_turns: int = 4
     horizon: int = 1
-    decay: float = 0.5
     order: Order = "target"
 
     def __post_init__(self) -> None:
@@ -90,12 +89,6 @@ class PairOptions:
             raise ValueError(f"horizon must be an integer >= 1, got {self.horizon!r}")
         if not isinstance(self.context_turns, int) or self.context_turns < 0:
             raise ValueError(f"context_turns must be an integer >= 0, got {self.context_turns!r}")
-        if not (0.0 < float(self.decay) <= 1.0):
-            raise ValueError(f"decay must be in (0, 1], got {self.decay!r}")
-
-    def weight(self, horizon: int) -> float:
-        """The factor a score from `horizon` sessions ahead is multiplied by: decay ** (h - 1)."""
-        return float(self.decay) ** (horizon - 1)
 
 
 @dataclass

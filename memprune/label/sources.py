@@ -34,6 +34,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from memprune.label.config import LabelError
 from memprune.rejects import Ledger
 from memprune.schema import LABELS
 
@@ -52,7 +53,7 @@ USAGE_EXTENSIONS: dict[str, str] = {".parquet": "parquet", ".pq": "parquet", ".j
 _TURN_SESSION = re.compile(r":s(\d+):t\d+$")
 
 
-class SourceError(ValueError):
+class SourceError(LabelError):
     """A label source cannot be read at all (missing file, missing column); the message names file and field."""
 
 

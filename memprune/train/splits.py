@@ -1,4 +1,4 @@
-"""Deterministic train/valid/test split by conversation.
+"""Deterministic train/valid/test split by conversation, and k folds of conversations.
 
 A conversation is never in two splits, so nothing the scorer learns about one
 speaker's sessions leaks into the sessions it is judged on. The assignment depends
@@ -16,11 +16,13 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from memprune.errors import MemPruneError
+
 SPLITS = ("train", "valid", "test")
 UNUSED = "unused"
 
 
-class SplitError(ValueError):
+class SplitError(MemPruneError):
     """The split sizes cannot be met by the corpus."""
 
 
@@ -87,3 +89,28 @@ def split_conversations(conversation_ids: Iterable[str], config: SplitConfig) ->
             out[cid] = name
         start += counts[name]
     return out
+
+
+FOLD_MANIFEST = "fold.json"
+
+
+def fold_assignment(conversation_ids: Iterable[str], k: int, seed: int) -> dict[str, int]:
+    """Conversation -> fold in 0..k-1: ids ordered by a seeded SHA-256 and dealt round-robin (sizes differ by <= 1).
+
+    Depends only on the set of ids, `k` and `seed`, not on the input order.
+    """
+    ids = sorted(set(conversation_ids))
+    if len(ids) < k:
+        raise SplitError(f"folds={k} needs at least {k} labelled conversations; the labels cover {len(ids)}")
+    ordered = sorted(ids, key=lambda c: (hashlib.sha256(f"fold\x00{seed}\x00{c}".encode("utf-8")).hexdigest(), c))
+    return {c: i % k for i, c in enumerate(ordered)}
+
+
+def fold_split(fold_of: dict[str, int], fold: int, split: SplitConfig) -> dict[str, str]:
+    """The splits of one fold: its conversations are the test split, the other folds' conversations are cut
+    into train and valid by `split_conversations` (`split.valid`, `split.seed`; `split.test` is not used)."""
+    rest = [c for c, f in fold_of.items() if f != fold]
+    out = dict(split_conversations(rest, SplitConfig(train=None, valid=split.valid, test=0, seed=split.seed)))
+    out.update({c: "test" for c, f in fold_of.items() if f == fold})
+    return out
+

@@ -54,7 +54,7 @@ import pandas as pd
 from scipy import stats
 from sklearn.metrics import mean_absolute_error, mean_squared_error
 
-from memprune.prune_rule import group_codes
+from memprune.prune.rule import group_codes
 
 KS: tuple[int, ...] = (1, 3, 5)
 RELEVANCE_THRESHOLD = 0.5
@@ -393,4 +393,25 @@ def summarize_sessions(frame: pd.DataFrame, ks: Sequence[int] = KS) -> dict[str,
             "n_excluded": int((~defined).sum()),
             "excluded_by": exclusion_reasons(frame, metric) if len(frame) else {},
         }
+    return out
+
+
+# ---------------------------------------------------------------- distributions
+
+
+def histogram(values: np.ndarray, bins: int) -> dict[str, list[float]]:
+    """Counts of `values` in `bins` equal-width bins over [0, 1]."""
+    counts, edges = np.histogram(values, bins=bins, range=(0.0, 1.0))
+    return {"edges": edges.tolist(), "counts": counts.tolist()}
+
+
+def calibration(labels: np.ndarray, scores: np.ndarray, bins: int) -> list[dict[str, Any]]:
+    """Mean label and mean score per predicted-score bin (equal width over [0, 1]; empty bins omitted)."""
+    idx = np.clip((scores * bins).astype(int), 0, bins - 1)
+    out = []
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            out.append({"lo": b / bins, "hi": (b + 1) / bins, "n": int(m.sum()),
+                        "mean_score": float(scores[m].mean()), "mean_label": float(labels[m].mean())})
     return out

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from memprune.io import atomic_path
+from memprune.io import atomic_path, write_text
+from memprune.markdown import fmt, fmt_p, mean_std, stars, table
+from memprune.prune.rule import setting_name
 
 STAGE_LABELS = {"vanilla": "Vanilla", "stage1": "Stage 1", "stage2": "Stage 2"}
 REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",
@@ -24,38 +26,6 @@ FIGURES = ("ranking_vs_k.png", "reduction_vs_threshold.png", "score_histogram.pn
 def stage_label(stage: str) -> str:
     """Display name of a stage directory name."""
     return STAGE_LABELS.get(stage, stage)
-
-
-def fmt(value: Any, digits: int = 4) -> str:
-    """A number for a table cell; missing or undefined values print as an em dash."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.{digits}f}"
-
-
-def fmt_p(p: Any) -> str:
-    """A p-value: 3 significant digits, scientific below 0.001."""
-    if p is None:
-        return "—"
-    return f"{p:.2e}" if p < 1e-3 else f"{p:.3f}"
-
-
-def mean_std(entry: dict[str, Any] | None, digits: int = 4) -> str:
-    """'mean ± std' of an aggregated entry ('mean' alone with one seed)."""
-    if not entry:
-        return "—"
-    if entry.get("std") is None:
-        return fmt(entry.get("mean"), digits)
-    return f"{fmt(entry['mean'], digits)} ± {fmt(entry['std'], digits)}"
-
-
-def stars(p: Any) -> str:
-    """'***' p < 0.001, '**' p < 0.01, '*' p < 0.05, '' otherwise."""
-    if p is None:
-        return ""
-    return "***" if p < 1e-3 else "**" if p < 1e-2 else "*" if p < 0.05 else ""
 
 
 def test_p(entry: dict[str, Any] | None) -> Any:
@@ -81,12 +51,6 @@ def _marker(split: dict[str, Any], family: str, metric: str, stage: str, baselin
     return out
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return lines
-
-
 def quality_tables(split: dict[str, Any], baseline: str, ks: Sequence[int]) -> list[str]:
     """Regression and session-ranking tables (mean ± std over seeds, with significance markers)."""
     stages = split["stages"]
@@ -100,14 +64,14 @@ def quality_tables(split: dict[str, Any], baseline: str, ks: Sequence[int]) -> l
     for m, label in CLASSIFICATION_LABELS.items():
         if all(m in agg[s].get("classification", {}) for s in stages):
             rows.append([label, *[mean_std(agg[s]["classification"][m]) for s in stages]])
-    lines += _table(header, rows)
+    lines += table(header, rows)
     lines += ["", "**Session-level ranking** (per session, then averaged; higher is better)", ""]
     rows = []
     first = agg[stages[0]]["ranking"]
     for m in first:
         rows.append([_metric_label(m), str(first[m].get("n_sessions", "—")),
                      *[mean_std(agg[s]["ranking"][m]) + _marker(split, "ranking", m, s, baseline) for s in stages]])
-    lines += _table(["Metric", "sessions", *header[1:]], rows)
+    lines += table(["Metric", "sessions", *header[1:]], rows)
     return lines
 
 
@@ -141,7 +105,7 @@ def significance_table(split: dict[str, Any]) -> list[str]:
                     f"{fmt_p(t.get('p'))} (n={t.get('n_seeds')})",
                 ]
             rows.append(row)
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def per_seed_table(split: dict[str, Any], ks: Sequence[int]) -> list[str]:
@@ -156,7 +120,7 @@ def per_seed_table(split: dict[str, Any], ks: Sequence[int]) -> list[str]:
         for seed, r in split["per_seed"][s].items():
             rows.append([stage_label(s), seed, str(r["n_bullets"]), *[fmt(r["regression"][c]) for c in cols],
                          *[fmt(r["ranking"][c]["mean"]) for c in rcols]])
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def sessions_used_table(split: dict[str, Any]) -> list[str]:
@@ -166,7 +130,7 @@ def sessions_used_table(split: dict[str, Any]) -> list[str]:
     for m, e in first.items():
         excl = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in (e.get("excluded_by") or {}).items()) or "none"
         rows.append([_metric_label(m), str(e.get("n_sessions")), excl])
-    return _table(["Metric", "sessions used", "left out (reason: count)"], rows)
+    return table(["Metric", "sessions used", "left out (reason: count)"], rows)
 
 
 def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
@@ -189,7 +153,7 @@ def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
             row += [mean_std(e["relevant_kept_pct"], 1), mean_std(e["label_mass_kept_pct"], 1),
                     mean_std(e["sessions_emptied_pct"], 1)]
             rows.append(row)
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
@@ -211,7 +175,7 @@ def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
                 mean_std(q["recency_pct"], 1),
                 mean_std(q.get("lift"), 2),
             ])
-    return _table(header, rows)
+    return table(header, rows)
 
 
 # ---------------------------------------------------------------- figures
@@ -323,9 +287,9 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
     out = Path(out_dir)
     cfg = metrics["config"]
     ks, baseline = cfg["ks"], cfg["baseline"]
-    table_names = [f"t{cfg['prune_threshold']:g}_k{k}" for k in (*ks, "all")]
-    cap = cfg["prune_top_k"]
-    sweep_names = [f"t{t:g}_k{'all' if cap is None else cap}" for t in cfg["thresholds"]]
+    threshold, cap = cfg["rule"]["threshold"], cfg["rule"]["top_k"]
+    table_names = [setting_name(threshold, k) for k in (*ks, None)]
+    sweep_names = [setting_name(t, cap) for t in cfg["thresholds"]]
 
     lines = ["# memprune evaluation report", ""]
     lines += [f"- Run: `{metrics['run_dir']}`", f"- Corpus: `{metrics['data_dir']}`" if metrics["data_dir"] else
@@ -365,7 +329,7 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
         lines += ["### Significance", ""] + significance_table(split) + [""]
         lines += ["### Sessions used per ranking metric", ""] + sessions_used_table(split) + [""]
         lines += ["### Per seed", ""] + per_seed_table(split, ks) + [""]
-        lines += [f"### Pruning at threshold {cfg['prune_threshold']} — the paper’s Table 4", ""]
+        lines += [f"### Pruning at threshold {threshold} — the paper’s Table 4", ""]
         lines += pruning_table(split, table_names) + [""]
         lines += [f"### Threshold sensitivity (top-k {cap if cap is not None else 'none'})", ""]
         lines += pruning_table(split, sweep_names) + [""]
@@ -394,6 +358,5 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
                       "![score histogram](score_histogram.png)", "",
                       "Calibration (mean label per predicted-score bin):", "", "![calibration](calibration.png)", ""]
     path = out / "report.md"
-    with atomic_path(path) as tmp:
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text(path, "\n".join(lines) + "\n")
     return path

@@ -1,0 +1,109 @@
+"""Settings of `memprune dialogue-eval`: targets, memory conditions, the generator LLM, metrics, bootstrap."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from memprune.dialogue.plan import CONDITIONS, SampleSettings
+from memprune.llm import LLMConfig
+
+
+class BootstrapSettings(BaseModel):
+    """Bootstrap over evaluated targets: resamples, interval level, seed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    samples: int = Field(1000, ge=0, description="Resamples of the targets (0 = no intervals).")
+    confidence: float = Field(0.95, gt=0.0, lt=1.0, description="Percentile interval level.")
+    seed: int = Field(0, description="Seed of the resampling (the same resamples for every condition).")
+
+
+class BertScoreSettings(BaseModel):
+    """BERTScore with a local encoder (never downloaded)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    model: str | None = Field(None, description="Local encoder directory; None = `encoder`.")
+    num_layers: int | None = Field(None, ge=1, description="Layer whose embeddings are used; None = the last layer.")
+    batch_size: int = Field(64, ge=1)
+
+
+class MauveSettings(BaseModel):
+    """MAUVE on mean-pooled features of `encoder`, computed by memprune (nothing downloaded)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    min_samples: int = Field(10, ge=2, description="Below this many paired targets MAUVE is not computed.")
+    num_buckets: int | None = Field(None, ge=2, description="k-means histogram size; None = the library's auto (n/10).")
+    kmeans_num_redo: int = Field(5, ge=1)
+    kmeans_max_iter: int = Field(500, ge=1)
+    seed: int = Field(25, description="k-means seed (MAUVE's default).")
+    bootstrap: int = Field(0, ge=0, description="Bootstrap resamples for a MAUVE interval (0 = point value only; "
+                                                "each resample reclusters, seconds each).")
+
+
+class DialogueEvalConfig(BaseModel):
+    """Config of the dialogue evaluation (`jobs/dialogue_eval.py`, `memprune dialogue-eval`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str = Field(..., description="Corpus directory with sessions.parquet and bullets.parquet.")
+    pruned: str | None = Field(None, description="Pruned store: a `memprune prune` output dir, its pruned/ dir, "
+                                                 "or a Parquet file with bullet_id and keep.")
+    out: str = Field(..., description="Output directory.")
+    llm_config: str | None = Field(None, description="YAML file of the generator's LLM config.")
+    llm: dict[str, Any] | None = Field(None, description="Inline LLM config fields (instead of llm_config).")
+    llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the LLM config.")
+    conditions: list[str] = Field(default_factory=lambda: list(CONDITIONS), description="Memory conditions.")
+    turns: int = Field(200, ge=1, description="Target turns evaluated (sampled deterministically).")
+    seed: int = Field(0, description="Sampling seed of the target turns.")
+    min_context_turns: int = Field(1, ge=0, description="A target needs at least this many earlier turns in its session.")
+    context_turns: int | None = Field(None, ge=0, description="Dialogue turns before the target in the prompt; None = all.")
+    max_per_session: int | None = Field(None, ge=1, description="At most this many targets per session.")
+    require_memory: bool = Field(True, description="Only targets whose earlier sessions have at least one bullet.")
+    retrieval_k: int | Literal["pruned"] = Field(
+        5, description="Bullets the retrieval baseline takes; 'pruned' = as many as pruned memory has for that turn.")
+    retrieval_turns: int = Field(4, ge=0, description="Recent dialogue turns that form the retrieval query.")
+    encoder: str | None = Field(None, description="Encoder for retrieval, MAUVE features and default BERTScore "
+                                                  "(local dir or hub id; None = the local all-MiniLM-L6-v2).")
+    encoder_max_length: int = Field(256, ge=8)
+    encoder_batch_size: int = Field(64, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the encoders on the driver.")
+    pruned_missing: Literal["error", "drop"] = Field(
+        "error", description="A memory bullet absent from the pruned store: error, or count it as not kept.")
+    bertscore: BertScoreSettings = Field(default_factory=BertScoreSettings)
+    mauve: MauveSettings = Field(default_factory=MauveSettings)
+    bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
+    chunk_targets: int = Field(256, ge=1, description="Targets per resumable generation chunk.")
+    block_rows: int = Field(16, ge=1, description="Rows per Ray Data block (spreads work over engine replicas).")
+    progress: bool = True
+
+    @field_validator("conditions")
+    @classmethod
+    def _conditions(cls, value: list[str]) -> list[str]:
+        bad = [c for c in value if c not in CONDITIONS]
+        if bad or not value or len(set(value)) != len(value):
+            raise ValueError(f"conditions must be distinct values among {list(CONDITIONS)}, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _checks(self) -> "DialogueEvalConfig":
+        if (self.llm is None) == (self.llm_config is None):
+            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
+        needs = "pruned" in self.conditions or ("retrieval" in self.conditions and self.retrieval_k == "pruned")
+        if needs and not self.pruned:
+            raise ValueError("the pruned condition (and retrieval_k: pruned) needs `pruned` (a `memprune prune` output)")
+        return self
+
+    def llm_settings(self) -> LLMConfig:
+        """The generator's LLM config from the file or the inline section, with overrides applied."""
+        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
+
+    def sample_settings(self) -> SampleSettings:
+        return SampleSettings(turns=self.turns, seed=self.seed, min_context_turns=self.min_context_turns,
+                              context_turns=self.context_turns, max_per_session=self.max_per_session,
+                              require_memory=self.require_memory)

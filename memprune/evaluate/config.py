@@ -1,0 +1,78 @@
+"""Settings of `memprune evaluate`: the run to read, what to measure, and the pruning rule it reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from memprune.errors import MemPruneError
+from memprune.evaluate.metrics import KS, RELEVANCE_THRESHOLD
+from memprune.prune.config import PruneRule
+
+SPLITS: tuple[str, ...] = ("test", "valid")
+SPLIT_ALIASES: dict[str, str] = {"validation": "valid", "val": "valid"}
+
+
+class EvaluationError(MemPruneError):
+    """The run or corpus cannot be evaluated (missing files, no usable rows); the message says where."""
+
+
+class EvalSettings(BaseModel):
+    """Every option of `memprune evaluate` except the paths (the pipeline's `evaluate:` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rule: PruneRule = Field(default_factory=PruneRule,
+                            description="the pruning rule of the main pruning table (threshold) and of the sweep (top-k)")
+    ks: tuple[int, ...] = KS
+    relevance_threshold: float = Field(RELEVANCE_THRESHOLD, ge=0.0, le=1.0, description="relevant = label >= this")
+    thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    splits: tuple[Literal["test", "valid"], ...] = ("test",)
+    baseline: str = "vanilla"
+    tokenizer: str = Field("encoder", description="token unit: encoder (the run's encoder), whitespace, or a tokenizer.json")
+    qa_draws: int = Field(1000, ge=1, description="random-pruning draws of the QA baseline")
+    random_seed: int = 0
+    histogram_bins: int = Field(20, ge=1)
+    calibration_bins: int = Field(10, ge=1)
+    figures: bool = True
+
+    @field_validator("splits", mode="before")
+    @classmethod
+    def _split_names(cls, v: object) -> object:
+        if isinstance(v, (list, tuple)):
+            return tuple(SPLIT_ALIASES.get(s, s) if isinstance(s, str) else s for s in v)
+        return v
+
+    @field_validator("ks")
+    @classmethod
+    def _ks(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(k < 1 for k in v):
+            raise ValueError(f"ks must be positive integers, got {v}")
+        return v
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0.0 <= t <= 1.0 for t in v):  # also rejects NaN
+            raise ValueError(f"thresholds must lie in [0, 1], got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _checks(self) -> "EvalSettings":
+        if not self.splits:
+            raise ValueError(f"splits must be among {SPLITS}")
+        if self.rule.group_by != "session":
+            raise ValueError(f"evaluation measures sessions: rule.group_by must be session, got {self.rule.group_by!r}")
+        if self.rule.threshold is None:
+            raise ValueError("rule.threshold must be a number: it is the threshold of the main pruning table")
+        return self
+
+
+class EvalConfig(EvalSettings):
+    """Config of `memprune evaluate` (`jobs/evaluate.py`); every field is recorded in metrics.json."""
+
+    run: Path = Field(description="run directory with <stage>/seed<k>/predictions.parquet (or fold<i>/...)")
+    out: Path = Field(description="output directory: metrics.json, report.md, figures")
+    data: Path | None = Field(None, description="corpus directory: token counts and, with a qa table, QA retention")

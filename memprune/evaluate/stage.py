@@ -1,0 +1,272 @@
+"""`memprune evaluate`: metrics, significance, pruning view and QA-evidence retention of a trained run.
+
+Output: OUT/metrics.json (every number, per seed and aggregated), OUT/report.md with PNG
+figures, OUT/session_metrics.parquet (per-session values behind the tests) and
+OUT/rejects.jsonl (prediction rows that could not be used, with the reason).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from memprune.evaluate import metrics as M
+from memprune.evaluate.config import EvalConfig, EvalSettings, EvaluationError
+from memprune.evaluate.loading import (
+    Corpus,
+    discover_folds,
+    discover_run,
+    load_corpus,
+    load_folds,
+    load_predictions,
+    run_encoder,
+)
+from memprune.evaluate.pruning import RandomKeep, pruning_view
+from memprune.evaluate.report import write_report
+from memprune.evaluate.significance import aggregate, comparisons, paired_seed_test, wilcoxon_sessions
+from memprune.io import JsonlSink, jsonable, write_json, write_table
+from memprune.prune.rule import group_codes, rank_within_groups
+from memprune.rejects import Ledger
+
+
+def evaluate_frame(df: pd.DataFrame, config: EvalSettings) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Regression and ranking metrics of one (stage, seed, split) frame, and its per-session table."""
+    y, s = df["label"].to_numpy(), df["score"].to_numpy()
+    sessions = M.per_session_metrics(y, s, df["session"].to_numpy(), ks=config.ks, threshold=config.relevance_threshold)
+    result = {
+        "n_bullets": int(len(df)),
+        "n_sessions": int(len(sessions)),
+        "regression": M.regression_metrics(y, s),
+        "ranking": M.summarize_sessions(sessions, ks=config.ks),
+    }
+    return result, sessions
+
+
+def _evaluate_split(
+    split: str,
+    frames: dict[str, dict[int, pd.DataFrame]],
+    config: EvalSettings,
+    corpus: Corpus | None,
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Everything for one split: per seed, aggregated, significance, pruning, QA retention, figure data."""
+    stages = list(frames)
+    per_seed: dict[str, dict[str, Any]] = {}
+    session_tables: list[pd.DataFrame] = []
+    session_means: dict[str, pd.DataFrame] = {}
+    notes: list[str] = []
+
+    all_rows = pd.concat([f for seeds in frames.values() for f in seeds.values()])
+    reference = all_rows.drop_duplicates("bullet_id")[["bullet_id", "session", "label"]]
+    mismatch = all_rows.groupby("bullet_id")["label"].agg(lambda v: v.max() - v.min())
+    n_mismatch = int((mismatch > 1e-9).sum())
+    if n_mismatch:
+        notes.append(f"{n_mismatch} bullet(s) have different labels across stages/seeds")
+
+    # The random QA baseline depends only on the bullets and sessions: drawn once, reused by every model.
+    qa_cache: dict[tuple[str, ...], RandomKeep] = {}
+    for stage, seeds in frames.items():
+        per_seed[stage] = {}
+        tables = []
+        for seed, df in seeds.items():
+            result, sessions = evaluate_frame(df, config)
+            tokens = cited = recency_rank = random_keep = None
+            if corpus is not None:
+                tokens = df["bullet_id"].map(corpus.tokens).to_numpy(dtype=np.float64)
+                result["n_bullets_without_text"] = int(np.isnan(tokens).sum())
+                if corpus.cited is not None:
+                    cited = df["bullet_id"].map(corpus.cited).fillna(False).to_numpy(dtype=bool)
+                    rec = df["bullet_id"].map(corpus.recency).fillna(-1).to_numpy(dtype=np.float64)
+                    codes = group_codes(df["session"].to_numpy())
+                    # Most recent first; ties (same latest turn) -> later bullet first.
+                    recency_rank = rank_within_groups(rec, codes, order=-df["position"].to_numpy())
+                    key = tuple(df["bullet_id"])
+                    if key not in qa_cache:
+                        qa_cache[key] = RandomKeep(codes, cited, config.qa_draws, config.random_seed)
+                    random_keep = qa_cache[key]
+            result["classification"] = M.classification_metrics(
+                df["label"].to_numpy(), df["score"].to_numpy(), config.relevance_threshold, cited)
+            result["pruning"] = pruning_view(df, config, tokens, cited, recency_rank, random_keep)
+            per_seed[stage][str(seed)] = result
+            sessions = sessions.assign(stage=stage, seed=seed, split=split)
+            tables.append(sessions)
+        stage_sessions = pd.concat(tables)
+        session_tables.append(stage_sessions)
+        cols = [*M.SESSION_ERROR_METRICS, *M.ranking_metric_names(config.ks)]
+        session_means[stage] = stage_sessions.groupby(level="session")[cols].mean()
+
+    missing_text = max((r.get("n_bullets_without_text", 0) for st in per_seed.values() for r in st.values()), default=0)
+    if missing_text:
+        notes.append(f"{missing_text} bullet(s) of the run are not in the corpus bullets.parquet: left out of token counts")
+
+    # Aggregate over seeds.
+    agg: dict[str, Any] = {}
+    for stage in stages:
+        runs = per_seed[stage]
+        a: dict[str, Any] = {"n_seeds": len(runs), "regression": {}, "ranking": {}, "classification": {},
+                             "pruning": {}}
+        for m in M.REGRESSION_METRICS:
+            a["regression"][m] = aggregate({int(k): r["regression"][m] for k, r in runs.items()})
+        for m in M.CLASSIFICATION_METRICS:
+            if all(m in r["classification"] for r in runs.values()):
+                a["classification"][m] = aggregate({int(k): r["classification"][m] for k, r in runs.items()})
+        for m in M.ranking_metric_names(config.ks):
+            a["ranking"][m] = aggregate({int(k): r["ranking"][m]["mean"] for k, r in runs.items()})
+            first = next(iter(runs.values()))["ranking"][m]
+            a["ranking"][m]["n_sessions"] = first["n_sessions"]
+            a["ranking"][m]["excluded_by"] = first["excluded_by"]
+        for name in next(iter(runs.values()))["pruning"]:
+            rows = {int(k): r["pruning"][name] for k, r in runs.items()}
+            first = next(iter(rows.values()))
+            entry: dict[str, Any] = {"threshold": first["threshold"], "top_k": first["top_k"]}
+            for field_name, v in first.items():
+                if field_name in ("threshold", "top_k"):
+                    continue
+                if field_name == "qa":
+                    entry["qa"] = {q: aggregate({s: rows[s]["qa"][q] for s in rows}) for q in v}
+                else:
+                    entry[field_name] = aggregate({s: rows[s][field_name] for s in rows})
+            a["pruning"][name] = entry
+        pooled = pd.concat(frames[stage].values())
+        a["score_histogram"] = M.histogram(pooled["score"].to_numpy(), config.histogram_bins)
+        a["calibration"] = M.calibration(pooled["label"].to_numpy(), pooled["score"].to_numpy(), config.calibration_bins)
+        agg[stage] = a
+
+    # Significance.
+    sig: dict[str, Any] = {}
+    for stage, ref in comparisons(stages, config.baseline):
+        entry: dict[str, Any] = {"regression": {}, "ranking": {}}
+        for family, names in (("regression", M.REGRESSION_METRICS), ("ranking", M.ranking_metric_names(config.ks))):
+            for m in names:
+                seed_vals = {
+                    s: {int(k): (r[family][m] if family == "regression" else r[family][m]["mean"])
+                        for k, r in per_seed[s].items()}
+                    for s in (stage, ref)
+                }
+                test_m = m if (family == "ranking" or m in M.SESSION_ERROR_METRICS) else None
+                entry[family][m] = {
+                    "diff": agg[stage][family][m]["mean"] - agg[ref][family][m]["mean"],
+                    "wilcoxon": wilcoxon_sessions(session_means[stage][test_m], session_means[ref][test_m])
+                    if test_m else None,
+                    "seed_ttest": paired_seed_test(seed_vals[stage], seed_vals[ref]),
+                }
+        sig[f"{stage}_vs_{ref}"] = {"stage": stage, "reference": ref, **entry}
+
+    labels_all = reference["label"].to_numpy()
+    split_out: dict[str, Any] = {
+        "stages": stages,
+        "seeds": {s: [int(k) for k in frames[s]] for s in stages},
+        "n_bullets": int(len(reference)),
+        "n_sessions": int(reference["session"].nunique()),
+        "label_histogram": M.histogram(labels_all, config.histogram_bins),
+        "relevant_share": float((labels_all >= config.relevance_threshold).mean()) if len(labels_all) else math.nan,
+        "per_seed": per_seed,
+        "aggregate": agg,
+        "significance": sig,
+        "notes": notes,
+    }
+    if corpus is not None and corpus.cited is not None:
+        cited = reference["bullet_id"].map(corpus.cited).fillna(False).to_numpy(dtype=bool)
+        split_out["qa"] = {
+            "n_qa": corpus.n_qa,
+            "n_qa_without_evidence": corpus.n_qa_without_evidence,
+            "n_cited_bullets": int(cited.sum()),
+            "cited_share": float(cited.mean()) if len(cited) else math.nan,
+            "recency_source": corpus.recency_source,
+            "draws": config.qa_draws,
+        }
+    return split_out, pd.concat(session_tables)
+
+
+def run(cfg: EvalConfig) -> dict[str, Any]:
+    """Evaluate every stage and seed of `cfg.run`; write metrics.json, report.md, figures; return the metrics.
+
+    A k-fold run (RUN/fold<i>/...) is evaluated on its pooled out-of-fold test predictions (`load_folds`).
+    """
+    run_dir, out_dir, data_dir = cfg.run, cfg.out, cfg.data
+    folds = discover_folds(run_dir)
+    fold_info: dict[str, Any] | None = None
+    fold_notes: list[str] = []
+    if folds:
+        if cfg.splits != ("test",):
+            fold_notes.append("k-fold run: only the pooled out-of-fold test predictions are evaluated "
+                              "(validation rows are not pooled)")
+            cfg = cfg.model_copy(update={"splits": ("test",)})
+        layout: dict[str, dict[int, Any]] = {}
+    else:
+        layout = discover_run(run_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    with JsonlSink(out_dir / "rejects.jsonl") as sink:
+        ledger = Ledger(sink)
+        if folds:
+            loaded, fold_info, more = load_folds(folds, ledger)
+            fold_notes += more
+            layout = {s: {k: run_dir / f"fold*/{s}/seed{k}/predictions.parquet" for k in seeds}
+                      for s, seeds in loaded.items()}
+        else:
+            loaded = {s: {k: load_predictions(p, ledger, cfg.splits) for k, p in seeds.items()}
+                      for s, seeds in layout.items()}
+
+    corpus = load_corpus(data_dir, cfg.tokenizer, run_encoder(run_dir)) if data_dir is not None else None
+
+    result: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "data_dir": str(data_dir) if data_dir is not None else None,
+        "config": cfg.model_dump(mode="json"),
+        "tokenizer": corpus.tokenizer if corpus else None,
+        "inputs": {s: {str(k): str(p) for k, p in seeds.items()} for s, seeds in layout.items()},
+        "predictions": ledger.summary(),
+        "notes": fold_notes,
+        "splits": {},
+    }
+    if fold_info is not None:
+        result["folds"] = fold_info
+    tables = []
+    for split in cfg.splits:
+        frames: dict[str, dict[int, pd.DataFrame]] = {}
+        for stage, seeds in loaded.items():
+            for seed, df in seeds.items():
+                part = df[df["split"] == split]
+                if len(part):
+                    frames.setdefault(stage, {})[seed] = part.reset_index(drop=True)
+                elif split == "test":
+                    raise EvaluationError(f"{layout[stage][seed]}: no usable rows with split == 'test'")
+        if not frames:
+            result["notes"].append(f"no prediction rows with split {split!r}: split skipped")
+            continue
+        if corpus is not None:
+            known = set(corpus.tokens.index)
+            ids = {b for seeds in frames.values() for f in seeds.values() for b in f["bullet_id"]}
+            if ids and not ids & known:
+                raise EvaluationError(
+                    f"{corpus.data_dir}/bullets.parquet: none of the {len(ids)} {split} bullets of the run is in it "
+                    "(wrong --data?)"
+                )
+        result["splits"][split], table = _evaluate_split(split, frames, cfg, corpus)
+        tables.append(table)
+
+    sessions = pd.concat(tables).reset_index()
+    write_table(pa.Table.from_pandas(sessions, preserve_index=False), out_dir / "session_metrics.parquet")
+    clean = jsonable(result)
+    write_json(out_dir / "metrics.json", clean)
+    report = write_report(clean, out_dir, figures=cfg.figures)
+    clean["outputs"] = {
+        "metrics": str(out_dir / "metrics.json"),
+        "report": str(report),
+        "session_metrics": str(out_dir / "session_metrics.parquet"),
+        "rejects": str(out_dir / "rejects.jsonl"),
+    }
+    return clean
+
+
+def evaluate_run(run_dir: str | Path, out_dir: str | Path, data_dir: str | Path | None = None,
+                 settings: EvalSettings | None = None, **fields: Any) -> dict[str, Any]:
+    """`run(cfg)` for Python callers: the paths, then `settings` (optional) with `fields` replaced."""
+    from memprune.config import validate
+
+    base = settings.model_dump() if settings is not None else {}
+    return run(validate(EvalConfig, {**base, **fields, "run": run_dir, "out": out_dir, "data": data_dir}, "evaluate"))

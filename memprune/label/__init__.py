@@ -1,0 +1,31 @@
+"""Labels (DESIGN step 2): how useful each bullet is for the next session's real replies.
+
+    from memprune.label import LabelConfig, run
+    run(LabelConfig(data="runs/msc", out="runs/msc-labels", judge="similarity"))
+
+- `config`: `LabelSettings` / `LabelConfig` (validated once).
+- `pairs`: bullets of session t x turns of the sessions after it (pure).
+- `similarity` / `llm_judge`: the judges (CPU proxy / the paper's LLM judge), in resumable shards.
+- `aggregate`: pairs -> labels (max or mean, horizon decay).
+- `sources`: labels from QA evidence or a usage log instead of a judge (pure).
+- `stage`: `run(cfg)`; `report`: label.md.
+"""
+
+from __future__ import annotations
+
+from memprune.label.aggregate import ALL_PAIRS_FAILED, aggregate, decay_weight
+from memprune.label.config import LabelConfig, LabelError, LabelSettings
+from memprune.label.stage import run
+
+run_label = run
+
+__all__ = [
+    "ALL_PAIRS_FAILED",
+    "LabelConfig",
+    "LabelError",
+    "LabelSettings",
+    "aggregate",
+    "decay_weight",
+    "run",
+    "run_label",
+]

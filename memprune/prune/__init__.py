@@ -1,0 +1,46 @@
+"""Pruning (DESIGN step 5): drop bullets scored below a threshold, keep the top-k of each group.
+
+    from memprune.prune import MemoryPruner, PruneConfig, PruneRule, run
+    MemoryPruner("runs/train/stage2/seed0", threshold=0.5, top_k=5).prune(["Alice has a cat.", "It rained."])
+    run(PruneConfig(scorer="runs/train/stage2/seed0", input="runs/msc", out="runs/msc-pruned"))
+
+- `config`: `PruneRule` (threshold, top-k, group-by) and `PruneConfig`, validated once.
+- `rule`: the rule as pure numpy functions (shared with `memprune evaluate`).
+- `scoring`: scoring helpers and `MemoryPruner` (in-process, no Ray).
+- `stats`: per-group counters and the before/after summary.
+- `store`: the Parquet store, its block plan, the atomic swap of the output.
+- `job`: the Ray Data job (datasource, scoring actors, shuffle fallback).
+- `stage`: `run(cfg)`; `report`: prune.md.
+"""
+
+from __future__ import annotations
+
+from memprune.prune.config import GROUP_KEYS, PruneConfig, PruneError, PruneRule, PruneSettings
+from memprune.prune.rule import group_codes, prune_mask, rank_within_groups, setting_name
+from memprune.prune.scoring import KeptBullet, MemoryPruner, group_keys_of, score_texts
+from memprune.prune.stage import run
+from memprune.prune.store import list_store_files, open_store, plan_store, read_pruned
+
+run_prune = run
+
+__all__ = [
+    "GROUP_KEYS",
+    "KeptBullet",
+    "MemoryPruner",
+    "PruneConfig",
+    "PruneError",
+    "PruneRule",
+    "PruneSettings",
+    "group_codes",
+    "group_keys_of",
+    "list_store_files",
+    "open_store",
+    "plan_store",
+    "prune_mask",
+    "rank_within_groups",
+    "read_pruned",
+    "run",
+    "run_prune",
+    "score_texts",
+    "setting_name",
+]

@@ -1,0 +1,261 @@
+"""The prune job on Ray Data: a datasource of planned blocks -> scoring actors -> decide -> Parquet.
+
+Contiguous groups (the usual store) stream: read -> score + decide (actor pool) -> write, no
+shuffle, output in input order. Otherwise (e.g. `group_by: speaker`, whose rows interleave
+across sessions) the job falls back to one full shuffle: read -> score -> `Dataset.sort(group
+keys)` -> decide per block -> write; the sort's range partitioning puts every group in one
+block (checked at run time: a group seen in two blocks is an error, not a silent mistake).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memprune.encoders import EncoderActor
+from memprune.errors import MemPruneError
+from memprune.prune.config import PruneConfig, PruneError
+from memprune.prune.scoring import ROW, SORTKEY, TOKENS, check_scores, decide, group_keys_of, score_texts, with_outputs
+from memprune.prune.stats import block_stats, empty_stats, merge_stats
+from memprune.prune.store import Plan, read_rows
+from memprune.runtime import ActorResources
+from memprune.tokens import token_counter
+
+def _make_datasource(plan: Plan, schema: pa.Schema, add_row: bool, sortkey: tuple[str, ...] | None) -> Any:
+    """A Ray Data datasource that reads exactly the plan's blocks (group-aligned in contiguous mode)."""
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    files = plan.files
+    out_schema = schema
+    if add_row:
+        out_schema = out_schema.append(pa.field(ROW, pa.int64(), nullable=False))
+    if sortkey:
+        out_schema = out_schema.append(pa.field(SORTKEY, pa.string(), nullable=False))
+    # One read task per planned block. Ray Data would merge several blocks of one task into one
+    # (harmless: still whole groups) but that costs parallelism; re-reading a row group that
+    # several blocks share costs far less than the encoder does.
+    task_groups = [[blk] for blk in plan.blocks]
+
+    def make_read_fn(blocks: list[tuple[int, int]]) -> Callable[[], Iterator[pa.Table]]:
+        def read_fn() -> Iterator[pa.Table]:
+            whole = read_rows(files, blocks[0][0], blocks[-1][1], schema)
+            for a, b in blocks:
+                t = whole.slice(a - blocks[0][0], b - a)
+                if add_row:
+                    t = t.append_column(ROW, pa.array(np.arange(a, b, dtype=np.int64)))
+                if sortkey:
+                    t = t.append_column(SORTKEY, _sort_key(t, sortkey))
+                yield t
+        return read_fn
+
+    class BulletStore(Datasource):
+        """The planned blocks of a bullets store (Parquet), only the needed columns."""
+
+        def get_name(self) -> str:
+            return "ReadBulletStore"
+
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[Any]:
+            tasks = []
+            for blocks in task_groups:
+                rows = blocks[-1][1] - blocks[0][0]
+                paths = tuple(f.path for f in files if f.offset < blocks[-1][1] and f.offset + f.num_rows > blocks[0][0])
+                meta = BlockMetadata(num_rows=rows, size_bytes=None, exec_stats=None, input_files=paths)
+                tasks.append(ReadTask(make_read_fn(blocks), meta, schema=out_schema))
+            return tasks
+
+    return BulletStore()
+
+
+
+def _sort_key(table: pa.Table, keys: Sequence[str]) -> pa.Array:
+    """One string sort key per row for the shuffle path (nulls -> empty; grouping itself uses the real keys)."""
+    parts = []
+    for k in keys:
+        col = table.column(k)
+        if pa.types.is_integer(col.type):
+            col = pc.utf8_lpad(pc.cast(pc.add(pc.cast(col, pa.int64()), 2**62), pa.string()), 20, "0")
+        parts.append(pc.fill_null(pc.cast(col, pa.string()), ""))
+    return parts[0].combine_chunks() if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x1f").combine_chunks()
+
+
+class _Tally:
+    """Ray actor collecting per-block counters; fails when one group reaches it from two blocks."""
+
+    def __init__(self, settings: list[tuple[float | None, int | None]]) -> None:
+        self.stats = empty_stats(settings)
+        self.hashes: list[np.ndarray] = []
+        self.blocks = 0
+        self.times: dict[str, float] = {}
+
+    def add_time(self, times: dict[str, float]) -> None:
+        for k, v in times.items():
+            self.times[k] = self.times.get(k, 0.0) + v
+
+    def add(self, stats: dict[str, Any]) -> None:
+        stats = dict(stats)
+        self.hashes.append(np.asarray(stats.pop("group_hashes", ()), dtype=np.int64))
+        self.stats = merge_stats(self.stats, stats)
+        self.blocks += 1
+
+    def result(self) -> dict[str, Any]:
+        hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, dtype=np.int64)
+        return {**self.stats, "split_groups": int(len(hashes) - len(np.unique(hashes))), "blocks": self.blocks,
+                "times": self.times}
+
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """What a scoring actor needs: the scorer, how to batch, the token unit, the rule settings, the tally."""
+
+    scorer_path: str
+    batch_size: int
+    sort_by_length: bool
+    tokenizer: str
+    keys: list[str]
+    settings: list[tuple[float | None, int | None]]
+    decide_here: bool
+    tally: Any
+
+
+class ScoreActor(EncoderActor):
+    """Ray Data actor: holds the scorer; scores a block and (contiguous mode) decides its `keep` column."""
+
+    REQUIRED_COLUMNS = ("bullet_id", "text")
+
+    def setup(self, settings: ScoreSettings, device: str) -> None:
+        import ray
+
+        from memprune.scorer import Scorer
+
+        t0 = time.perf_counter()
+        self.s = settings
+        self.scorer = Scorer.load(settings.scorer_path, device=device)
+        self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
+        ray.get(settings.tally.add_time.remote({"actor_load_s": time.perf_counter() - t0, "actors_started": 1}))
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        import ray
+
+        s = self.s
+        t0 = time.perf_counter()
+        texts = block.column("text").to_pylist()
+        scores = score_texts(self.scorer, texts, s.batch_size, s.sort_by_length)
+        check_scores(scores, block.column("bullet_id").to_pylist(), "prune")
+        t1 = time.perf_counter()
+        tokens = self.count_tokens(texts)
+        t2 = time.perf_counter()
+        times = {"score_s": t1 - t0, "tokens_s": t2 - t1}
+        if not s.decide_here:
+            ray.get(s.tally.add_time.remote(times))
+            return block.append_column("score", pa.array(scores, pa.float64())).append_column(TOKENS, pa.array(tokens))
+        groups = group_keys_of(block, s.keys)
+        threshold, top_k = s.settings[0]
+        keep = decide(scores, groups, threshold, top_k)
+        stats = block_stats(groups, scores, tokens, s.settings)
+        out = with_outputs(block, scores, keep)
+        times["decide_s"] = time.perf_counter() - t2
+        ray.get(s.tally.add_time.remote(times))
+        ray.get(s.tally.add.remote(stats))
+        return out
+
+
+def decide_sorted_block(
+    block: pa.Table, keys: list[str], settings: list[tuple[float | None, int | None]], tally: Any
+) -> pa.Table:
+    """Shuffle path: a block of whole groups after the sort; order rows by (group, input position) and decide."""
+    import ray
+
+    if block.num_rows == 0:
+        return with_outputs(block, np.zeros(0), np.zeros(0, dtype=bool))
+    block = block.sort_by([(SORTKEY, "ascending"), (ROW, "ascending")])
+    scores = block.column("score").to_numpy()
+    tokens = block.column(TOKENS).to_numpy()
+    order = block.column(ROW).to_numpy()
+    groups = group_keys_of(block, keys)
+    threshold, top_k = settings[0]
+    t0 = time.perf_counter()
+    keep = decide(scores, groups, threshold, top_k, order=order)
+    stats = block_stats(groups, scores, tokens, settings, order=order)
+    out = with_outputs(block, scores, keep)
+    ray.get(tally.add_time.remote({"decide_s": time.perf_counter() - t0}))
+    ray.get(tally.add.remote(stats))
+    return out
+
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*Error): (.+)$", re.MULTILINE)
+
+
+def user_error(exc: BaseException) -> PruneError | None:
+    """The memprune error raised inside a Ray task, recovered from the wrapped exception (its message only)."""
+    if isinstance(exc, PruneError):
+        return exc
+    if isinstance(exc, MemPruneError):
+        return PruneError(str(exc))
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, MemPruneError):
+        return PruneError(str(cause))
+    match = [m for m in _ERROR_LINE.findall(str(exc)) if m[0] in _USER_ERRORS]
+    return PruneError(match[-1][1].strip()) if match else None
+
+
+_USER_ERRORS = {"PruneError", "SchemaError", "ScorerError", "EncoderError", "TokenizerError", "MemPruneError"}
+
+
+def run_pipeline(
+    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Path,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Assemble and run the Ray Data pipeline; write the store into `tmp`; return counters and timing."""
+    import ray
+    from ray.data import DataContext
+
+    keys, settings = config.rule.keys, config.settings()
+    timing: dict[str, float] = {}
+    t1 = time.perf_counter()
+    ctx = DataContext.get_current()
+    saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
+    ctx.execution_options.preserve_order = True
+    ctx.enable_progress_bars = config.progress
+    tally = ray.remote(num_cpus=0)(_Tally).remote(settings)
+    shuffle = plan.mode == "shuffle"
+    try:
+        ds = ray.data.read_datasource(
+            _make_datasource(plan, schema, add_row=shuffle, sortkey=keys if shuffle else None),
+            num_cpus=config.io_cpus,
+            override_num_blocks=len(plan.blocks),  # no extra splitting of read outputs (it would cut groups)
+        )
+        score = ScoreSettings(str(Path(config.scorer).resolve()), config.batch_size, config.sort_by_length,
+                              config.tokenizer, list(keys), settings, not shuffle, tally)
+        ds = ds.map_batches(**ScoreActor.map_kwargs(score, res, batch_size=None, batch_format="pyarrow",
+                                                    blocks=len(plan.blocks)))
+        if shuffle:
+            ds = ds.sort(SORTKEY).map_batches(
+                decide_sorted_block,
+                fn_kwargs={"keys": list(keys), "settings": settings, "tally": tally},
+                batch_size=None, batch_format="pyarrow", num_cpus=config.io_cpus,
+            )
+        ds.write_parquet(str(tmp), min_rows_per_file=config.rows_per_file, ray_remote_args={"num_cpus": config.io_cpus})
+        stats = ray.get(tally.result.remote())
+        timing["pipeline_s"] = time.perf_counter() - t1
+    except Exception as exc:
+        user = user_error(exc)
+        if user is not None:
+            raise user from None
+        raise
+    finally:
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+        ray.kill(tally)
+    return stats, timing

@@ -1,0 +1,144 @@
+"""`memprune prune`: score a bullets store with a trained scorer and prune it (DESIGN step 5), on Ray Data.
+
+`run(cfg)` checks everything it can on the driver (rule, token unit, scorer artifact, every
+input file's schema), plans the blocks (`memprune.prune.store`), runs the Ray Data job
+(`memprune.prune.job`), swaps the written store into `OUT/pruned/` (rows in = rows out) and
+writes `OUT/prune.json` and `OUT/prune.md`: bullets and tokens per group before and after.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.console import Console
+
+from memprune.io import write_summary
+from memprune.prune.config import PruneConfig, PruneError
+from memprune.prune.report import render_markdown
+from memprune.prune.stats import empty_stats, summarize_stats
+from memprune.prune.store import (
+    STORE_DIR,
+    block_rows_for,
+    bytes_per_row,
+    finalize_files,
+    list_store_files,
+    open_store,
+    plan_store,
+    swap_into_place,
+)
+from memprune.runtime import ActorResources, ensure_ray, plan_actors
+from memprune.scorer import ScorerError, read_scorer_config
+from memprune.tokens import check_unit, unit_name
+
+PRUNE_FORMAT = 1
+console = Console(stderr=True)
+
+
+def check_scorer(path: str) -> dict[str, Any]:
+    """Validate a scorer artifact cheaply on the driver (config + files); return what prune.json records."""
+    p = Path(path)
+    try:
+        sc = read_scorer_config(p)
+    except ScorerError as exc:
+        raise PruneError(str(exc).replace("\n", " ")) from exc
+    if not (p / "head.safetensors").is_file():
+        raise PruneError(f"{p}: missing head.safetensors")
+    return {"path": str(p.resolve()), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
+            "lora": sc.lora is not None, "max_length": sc.max_length}
+
+
+def run(config: PruneConfig) -> dict[str, Any]:
+    """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
+    from memprune.prune.job import run_pipeline
+
+    started = time.perf_counter()
+    check_unit(config.tokenizer)
+    scorer_info = check_scorer(config.scorer)
+    rule, settings = config.rule, config.settings()
+    out = Path(config.out)
+    files, schema, notes = open_store(list_store_files(config.input), config.columns)
+    rows_wanted = min(sum(f.num_rows for f in files), config.limit_rows or math.inf)
+    res: ActorResources | None = None
+    init_s = 0.0
+    block_rows = config.block_rows
+    if rows_wanted:
+        t0 = time.perf_counter()
+        ensure_ray(config.ray_address)
+        import ray
+        from ray.data import DataContext
+
+        init_s = time.perf_counter() - t0
+        res = plan_actors(ray.cluster_resources(), config.use_gpu, config.actors, config.actor_cpus,
+                          reserve_cpus=2 * config.io_cpus)
+        block_rows = block_rows_for(block_rows, bytes_per_row(files, schema.names),
+                                    DataContext.get_current().target_max_block_size or 2**27)
+        # At least ~4 blocks per actor, so that no actor idles while another finishes the last big block.
+        block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (4 * res.actors))))
+    plan = plan_store(files, rule.keys, block_rows, config.grouping, config.limit_rows)
+    console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "
+                  f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks", highlight=False)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{STORE_DIR}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        if plan.rows == 0 or res is None:
+            stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
+            timing: dict[str, float] = {}
+            tmp.mkdir(parents=True)
+            out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
+            pq.write_table(out_schema.empty_table(), tmp / "part-00000.parquet")
+        else:
+            stats, timing = run_pipeline(config, res, plan, schema, tmp)
+            timing = {"ray_init_s": init_s, **timing}
+        written = finalize_files(tmp)
+        rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
+        if not (plan.rows == stats["rows"] == rows_out):
+            raise PruneError(f"row count mismatch: {plan.rows} read, {stats['rows']} scored, {rows_out} written")
+        if stats["split_groups"]:
+            raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
+        store = swap_into_place(tmp, out / STORE_DIR)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    per_setting = summarize_stats(stats, settings)
+    summary = {
+        "format": PRUNE_FORMAT,
+        "input": {"path": str(config.input), "files": [f.path for f in files], "rows": plan.rows,
+                  "rows_in_files": sum(f.num_rows for f in files), "limit_rows": config.limit_rows},
+        "output": {"store": str(store), "files": [p.name for p in sorted(store.glob("*.parquet"))], "rows": rows_out,
+                   "columns": [*schema.names, "score", "keep"]},
+        "scorer": scorer_info,
+        "rule": {"threshold": rule.threshold, "top_k": rule.top_k, "group_by": rule.group_by, "keys": list(rule.keys),
+                 "ties": "higher score first, then earlier input position"},
+        "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
+                     "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
+        "tokenizer": unit_name(config.tokenizer, scorer_info["encoder"]),
+        "groups": stats["groups"],
+        "result": per_setting[rule.name],
+        "settings": per_setting,
+        "scores": {"mean": stats["score_sum"] / stats["rows"] if stats["rows"] else None, "min": stats["score_min"],
+                   "max": stats["score_max"], "below_threshold": stats["below_threshold"]},
+        "resources": None if res is None else {"actors": res.actors, "device": res.device, "threads_per_actor": res.threads,
+                                                "actor_cpu_request": res.cpus, "batch_size": config.batch_size,
+                                                "block_rows": block_rows},
+        "timing": {
+            "total_s": round(time.perf_counter() - started, 3), "scan_s": round(plan.scan_s, 3),
+            **{k: round(v, 3) for k, v in timing.items()},
+            # Summed over actors/tasks: model loading, forward passes, token counting, the rule.
+            "work": {k: round(v, 3) for k, v in sorted(stats.get("times", {}).items())},
+            # Throughput of the Ray Data pipeline (actor start-up included, Ray start-up excluded).
+            "bullets_per_s": round(plan.rows / timing["pipeline_s"], 1) if timing.get("pipeline_s") else None,
+        },
+        "notes": notes,
+        "config": config.model_dump(mode="json"),
+    }
+    write_summary(out, "prune", summary, render_markdown(summary))
+    console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
+                  f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {store}", highlight=False)
+    return summary

@@ -1,0 +1,104 @@
+"""Per-group statistics of a prune run: additive counters per block, merged, then per-group averages.
+
+Every block of the batch job holds whole groups, so its counters (rows, groups, tokens, kept
+per setting) are computed locally and summed; `summarize_stats` turns the sums into the
+bullets and tokens per group before/after and the reductions that prune.json reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from memprune.prune.rule import group_codes, setting_name
+from memprune.prune.scoring import decide
+
+
+def stable_hash(key: Any) -> int:
+    """A 64-bit hash of a group key that is the same in every process (Python's str hash is salted)."""
+    if isinstance(key, (list, tuple)):
+        key = tuple(k.item() if isinstance(k, np.generic) else k for k in key)
+    elif isinstance(key, np.generic):
+        key = key.item()
+    return int.from_bytes(hashlib.blake2b(repr(key).encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+def empty_stats(settings: Sequence[tuple[float | None, int | None]]) -> dict[str, Any]:
+    """Additive counters of the prune job (merged over blocks by `merge_stats`)."""
+    return {
+        "rows": 0, "groups": 0, "tokens": 0, "score_sum": 0.0, "score_min": None, "score_max": None,
+        "below_threshold": 0,
+        "settings": {setting_name(t, k): {"kept": 0, "tokens_kept": 0, "groups_emptied": 0, "kept_hist": {}}
+                     for t, k in settings},
+    }
+
+
+def block_stats(
+    groups: Sequence[Any], scores: np.ndarray, tokens: np.ndarray,
+    settings: Sequence[tuple[float | None, int | None]], order: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Counters of one block that holds whole groups: rows, groups, tokens, kept per setting."""
+    codes = group_codes(groups)
+    n_groups = int(codes.max()) + 1 if len(codes) else 0
+    first = np.unique(codes, return_index=True)[1] if len(codes) else np.zeros(0, dtype=np.int64)
+    stats = empty_stats(settings)
+    stats.update(
+        rows=len(scores), groups=n_groups, tokens=int(tokens.sum()), score_sum=float(scores.sum()),
+        score_min=float(scores.min()) if len(scores) else None, score_max=float(scores.max()) if len(scores) else None,
+        group_hashes=np.fromiter((stable_hash(groups[i]) for i in first), dtype=np.int64, count=len(first)),
+    )
+    threshold = settings[0][0]
+    stats["below_threshold"] = int((scores < threshold).sum()) if threshold is not None else 0
+    for t, k in settings:
+        keep = decide(scores, codes, t, k, order)
+        kept = np.bincount(codes[keep], minlength=n_groups)
+        hist = np.bincount(kept)
+        stats["settings"][setting_name(t, k)] = {
+            "kept": int(keep.sum()), "tokens_kept": int(tokens[keep].sum()),
+            "groups_emptied": int((kept == 0).sum()), "kept_hist": {str(i): int(c) for i, c in enumerate(hist) if c},
+        }
+    return stats
+
+
+def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Sum two counter dicts from `block_stats`/`empty_stats` (min/max combined, histograms added)."""
+    out = dict(a)
+    for key in ("rows", "groups", "tokens", "score_sum", "below_threshold"):
+        out[key] = a[key] + b[key]
+    for key, fn in (("score_min", min), ("score_max", max)):
+        vals = [v for v in (a[key], b[key]) if v is not None]
+        out[key] = fn(vals) if vals else None
+    settings = {}
+    for name, sa in a["settings"].items():
+        sb = b["settings"][name]
+        hist = dict(sa["kept_hist"])
+        for k, v in sb["kept_hist"].items():
+            hist[k] = hist.get(k, 0) + v
+        settings[name] = {"kept": sa["kept"] + sb["kept"], "tokens_kept": sa["tokens_kept"] + sb["tokens_kept"],
+                          "groups_emptied": sa["groups_emptied"] + sb["groups_emptied"], "kept_hist": hist}
+    out["settings"] = settings
+    return out
+
+
+def summarize_stats(stats: dict[str, Any], settings: Sequence[tuple[float | None, int | None]]) -> dict[str, Any]:
+    """Per setting: bullets and tokens per group before/after, reductions in percent, groups emptied."""
+    rows, groups, tokens = stats["rows"], stats["groups"], stats["tokens"]
+    per = max(groups, 1)
+    out: dict[str, Any] = {}
+    for t, k in settings:
+        s = stats["settings"][setting_name(t, k)]
+        out[setting_name(t, k)] = {
+            "threshold": t, "top_k": k,
+            "bullets_before": rows / per, "bullets_after": s["kept"] / per,
+            "bullet_reduction_pct": 100.0 * (1 - s["kept"] / rows) if rows else None,
+            "tokens_before": tokens / per, "tokens_after": s["tokens_kept"] / per,
+            "token_reduction_pct": 100.0 * (1 - s["tokens_kept"] / tokens) if tokens else None,
+            "groups_emptied_pct": 100.0 * s["groups_emptied"] / groups if groups else None,
+            "bullets_total_before": rows, "bullets_total_after": s["kept"],
+            "tokens_total_before": tokens, "tokens_total_after": s["tokens_kept"],
+            "kept_per_group_hist": dict(sorted(s["kept_hist"].items(), key=lambda kv: int(kv[0]))),
+        }
+    return out

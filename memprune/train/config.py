@@ -1,0 +1,188 @@
+"""Settings of `memprune train`, validated once: stages, seeds, encoder, optimisation, Ray Train layout.
+
+`TrainSettings` holds every option and is what the pipeline's `train:` section is;
+`TrainConfig` adds the paths (data, labels, out) that `memprune train` and `jobs/train.py` take.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from memprune.errors import MemPruneError
+from memprune.scorer import DEFAULT_ENCODER, HeadSettings, LoraSettings, ScorerConfig, canonical_encoder
+from memprune.train.splits import SplitConfig
+
+STAGES = ("vanilla", "stage1", "stage2")
+Stage = Literal["vanilla", "stage1", "stage2"]
+
+
+class TrainError(MemPruneError):
+    """The training inputs or settings cannot be used; the message names the file or key."""
+
+
+class OptimConfig(BaseModel):
+    """Optimisation of one trained stage: AdamW, epochs with early stopping on validation loss."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    batch_size: int = Field(ge=1)
+    patience: int = Field(ge=1, description="stop after this many epochs without a validation improvement")
+    weight_decay: float = Field(0.01, ge=0)
+    min_delta: float = Field(0.0, ge=0, description="an improvement must lower val_loss by more than this")
+
+
+class Stage2Config(OptimConfig):
+    """Stage 2: LoRA adapters on the encoder, trained with the head."""
+
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+
+
+class LossConfig(BaseModel):
+    """MSE plus an optional within-session listwise ranking term (off by default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank_weight: float = Field(0.0, ge=0)
+    rank_temperature: float = Field(0.1, gt=0, description="softmax temperature applied to the labels")
+
+
+class RayTrainSettings(BaseModel):
+    """How the trainers run: workers per trainer (0 = local mode, in-process), GPUs, fault tolerance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(None, description="ray.init address; None = RAY_ADDRESS or a local instance")
+    num_workers: int = Field(1, ge=0)
+    use_gpu: bool | Literal["auto"] = "auto"
+    cpus_per_worker: float = Field(1.0, gt=0)
+    max_concurrent: int | None = Field(None, ge=1, description="trainers at once; None = what the cluster fits")
+    max_failures: int = Field(2, ge=-1)
+    num_to_keep: int = Field(2, ge=1, description="checkpoints kept by validation loss (the latest is always kept)")
+    storage_path: str | None = Field(None, description="Ray Train storage (shared on clusters); default OUT/ray")
+
+
+class EmbedSettings(BaseModel):
+    """Ray Data batch inference of the frozen-encoder embeddings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int = Field(128, ge=1)
+    actors: int | None = Field(None, ge=1, description="actor pool size; None = one per GPU, else one per CPU")
+    cpus_per_actor: float = Field(1.0, gt=0)
+    use_gpu: bool | Literal["auto"] = "auto"
+
+
+class FaultInjection(BaseModel):
+    """Testing aid: SIGKILL the rank-0 worker once, mid-epoch, to exercise FailureConfig resume."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: Literal["stage1", "stage2"] = "stage1"
+    seed: int | None = Field(None, description="only this seed's trainer (None: whichever gets there first)")
+    after_epoch: int = Field(1, ge=1, description="kill during the epoch after this one")
+    marker: str = Field(description="file created before the kill; the kill happens only if it is absent")
+
+
+class TrainSettings(BaseModel):
+    """Every option of `memprune train` except the paths (the pipeline's `train:` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label_weights: dict[str, float] = Field(
+        default_factory=dict, description="loss weight per label source (judge, qa, usage); 1 when not given")
+    folds: int | None = Field(None, ge=2, description="k-fold by conversation: train K times, each fold held out once")
+    stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    encoder: str = DEFAULT_ENCODER
+    max_length: int = Field(64, ge=8)
+    normalize: bool = False
+    text_prefix: str = ""
+    head: HeadSettings = Field(default_factory=HeadSettings)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    stage1: OptimConfig = Field(
+        default_factory=lambda: OptimConfig(epochs=60, lr=1e-3, batch_size=64, patience=6)
+    )
+    stage2: Stage2Config = Field(
+        default_factory=lambda: Stage2Config(epochs=3, lr=3e-4, batch_size=32, patience=1)
+    )
+    loss: LossConfig = Field(default_factory=LossConfig)
+    ray: RayTrainSettings = Field(default_factory=RayTrainSettings)
+    embed: EmbedSettings = Field(default_factory=EmbedSettings)
+    predict_batch_size: int = Field(64, ge=1)
+    fault: FaultInjection | None = None
+
+    @field_validator("label_weights")
+    @classmethod
+    def _weights(cls, v: dict[str, float]) -> dict[str, float]:
+        from memprune.label.sources import SOURCES
+
+        for source, w in v.items():
+            if source not in SOURCES:
+                raise ValueError(f"label_weights: unknown source {source!r}; known: {', '.join(SOURCES)}")
+            if not (math.isfinite(w) and w > 0):
+                raise ValueError(f"label_weights.{source}: weight must be a positive number, got {w}")
+        return v
+
+    @field_validator("stages")
+    @classmethod
+    def _stages(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one stage is needed")
+        return [s for s in STAGES if s in set(v)]
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("at least one seed is needed")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate seeds in {v}")
+        return v
+
+    @field_validator("encoder")
+    @classmethod
+    def _encoder(cls, v: str) -> str:
+        return canonical_encoder(v)
+
+    def weight_of(self, source: str) -> float:
+        """The loss weight of a label row from `source`."""
+        return float(self.label_weights.get(source, 1.0))
+
+    def scorer_config(self, stage: str | None = None, seed: int | None = None) -> ScorerConfig:
+        """The `ScorerConfig` of a (stage, seed) artifact (LoRA settings only for stage 2)."""
+        return ScorerConfig(
+            encoder=self.encoder,
+            max_length=self.max_length,
+            normalize=self.normalize,
+            text_prefix=self.text_prefix,
+            head=self.head,
+            lora=self.stage2.lora if stage == "stage2" else None,
+            stage=stage,
+            seed=seed,
+        )
+
+
+class TrainConfig(TrainSettings):
+    """Everything `memprune train` needs: the settings plus the corpus, label and output directories."""
+
+    data: Path
+    labels: list[Path] = Field(min_length=1, description="label dirs (labels.parquet); several are mixed")
+    out: Path
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, (str, os.PathLike)) else v
+
+    @model_validator(mode="after")
+    def _paths(self) -> "TrainConfig":
+        self.data, self.out = (Path(p).expanduser().resolve() for p in (self.data, self.out))
+        self.labels = [Path(p).expanduser().resolve() for p in self.labels]
+        return self

@@ -1,0 +1,296 @@
+"""The Ray Train worker loop of the trained stages (stage 1 and stage 2), also run in-process in local mode.
+
+`train_loop_per_worker` is `_setup` (model, optimizer, resume, this worker's rows), then per epoch
+`_train_epoch`, `_validate`, `_end_epoch` (early stopping) and `_report` (one checkpoint through
+`memprune.train.checkpoint`). Each epoch reseeds from (seed, epoch), so a resumed run repeats
+exactly what an uninterrupted one would have done. Batches hold whole sessions, so the listwise
+term always sees complete sessions; with several workers each takes whole sessions by a stable
+hash and every worker runs the same number of optimizer steps.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict
+
+from memprune.scorer import ScorerConfig
+from memprune.train import checkpoint
+from memprune.train.checkpoint import LoopState
+from memprune.train.config import FaultInjection, LossConfig, OptimConfig, TrainError
+from memprune.train.embed import embeddings_to_numpy
+from memprune.train.loss import batch_loss, combine_parts
+from memprune.train.stages import STAGE_SPECS
+
+
+class LoopConfig(BaseModel):
+    """What one training worker needs; passed as `train_loop_config` (plain JSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    seed: int
+    scorer: ScorerConfig
+    optim: OptimConfig
+    loss: LossConfig
+    init_dir: str | None = None
+    embedding_dim: int | None = None
+    threads: int = 1
+    local_mode: bool = False  # num_workers == 0: in-process, checkpoints kept under local_checkpoint_dir
+    local_checkpoint_dir: str
+    fault: FaultInjection | None = None
+
+
+def session_batches(groups: np.ndarray, batch_size: int, rng: np.random.Generator | None) -> list[np.ndarray]:
+    """Row indices cut into batches of whole sessions (a session larger than a batch stays whole).
+
+    With `rng`, the session order is shuffled (training); without, it is sorted (evaluation).
+    """
+    if len(groups) == 0:
+        return []
+    uniq, inverse = np.unique(groups, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(uniq)))])
+    session_order = rng.permutation(len(uniq)) if rng is not None else np.arange(len(uniq))
+    batches: list[np.ndarray] = []
+    current: list[np.ndarray] = []
+    size = 0
+    for g in session_order:
+        members = order[bounds[g] : bounds[g + 1]]
+        current.append(members)
+        size += len(members)
+        if size >= batch_size:
+            batches.append(np.concatenate(current))
+            current, size = [], 0
+    if current:
+        batches.append(np.concatenate(current))
+    return batches
+
+
+def read_rows(shard: Any, columns: list[str], rank: int, world: int) -> dict[str, Any]:
+    """This worker's rows of a (non-split) Ray Dataset: whole sessions chosen by a stable hash, sorted by id."""
+    tables = [pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b
+              for b in shard.iter_batches(batch_size=4096, batch_format="pyarrow")]
+    table = pa.concat_tables(tables).select(columns) if tables else None
+    if table is None or table.num_rows == 0:
+        return {"n": 0}
+    table = table.sort_by("bullet_id")
+    if world > 1:
+        mine = [zlib.crc32(g.encode("utf-8")) % world == rank for g in table.column("group").to_pylist()]
+        table = table.filter(pa.array(mine))
+    rows: dict[str, Any] = {"n": table.num_rows, "group": np.asarray(table.column("group").to_pylist(), dtype=object)}
+    rows["label"] = table.column("label").to_numpy().astype(np.float32)
+    if "weight" in columns:
+        rows["weight"] = table.column("weight").to_numpy().astype(np.float32)
+    rows["group_code"] = np.unique(rows["group"], return_inverse=True)[1].astype(np.int64) if table.num_rows else None
+    if "embedding" in columns:
+        rows["embedding"] = embeddings_to_numpy(table.column("embedding"))
+    if "text" in columns:
+        rows["text"] = table.column("text").to_pylist()
+    return rows
+
+
+def all_reduce(values: dict[str, float], op: str = "sum") -> dict[str, float]:
+    """Sum (or max) a dict of numbers over the workers; the identity with one worker."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return dict(zip(keys, t.tolist()))
+
+
+@dataclass
+class Worker:
+    """The state of one training worker between epochs."""
+
+    lc: LoopConfig
+    model: Any  # HeadModel | LoraModel
+    net: Any  # the module, DDP-wrapped with several workers
+    optimizer: Any
+    state: LoopState
+    best: dict[str, Any]
+    resumed: Any  # the checkpoint this attempt started from (None for a fresh start)
+    device: Any
+    rank: int
+    world: int
+    train_rows: dict[str, Any]
+    valid_rows: dict[str, Any]
+    valid_batches: list[np.ndarray]
+
+
+def _setup(lc: LoopConfig) -> Worker:
+    """Build the stage's model and optimizer, resume from the latest checkpoint, read this worker's rows."""
+    import ray.train
+    import ray.train.torch
+    import torch
+    from ray.train import Checkpoint
+
+    torch.set_num_threads(max(1, lc.threads))
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = torch.device("cpu") if lc.local_mode else ray.train.torch.get_device()
+    spec = STAGE_SPECS[lc.stage]
+    assert spec.model is not None, f"{lc.stage} is not a trained stage"
+
+    torch.manual_seed(lc.seed)
+    model = spec.model(lc.scorer, lc.seed, lc.embedding_dim, lc.init_dir)
+    model.module.to(device)  # before the optimizer and its restored state
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lc.optim.lr, weight_decay=lc.optim.weight_decay)
+    state, best = LoopState(), model.trainable_state()
+
+    resumed = ray.train.get_checkpoint()
+    if resumed is None and lc.local_mode:
+        latest = checkpoint.latest_local(Path(lc.local_checkpoint_dir))
+        resumed = Checkpoint.from_directory(str(latest)) if latest is not None else None
+    if resumed is not None:
+        with resumed.as_directory() as d:
+            weights, best, state = checkpoint.restore(Path(d), optimizer)
+            model.load_trainable(weights)
+    state.starts.append(state.epoch)
+
+    net = ray.train.torch.prepare_model(model.module, move_to_device=False) if world > 1 else model.module
+    columns = spec.columns()
+    train_rows = read_rows(ray.train.get_dataset_shard("train"), columns, rank, world)
+    valid_rows = read_rows(ray.train.get_dataset_shard("valid"), columns, rank, world)
+    for name, rows in (("train", train_rows), ("valid", valid_rows)):
+        if rows["n"] == 0:
+            raise TrainError(f"{lc.stage} seed {lc.seed}: worker {rank} of {world} got no {name} sessions; "
+                             "use fewer workers or more data")
+    valid_batches = session_batches(valid_rows["group"], lc.optim.batch_size, None)
+    return Worker(lc, model, net, optimizer, state, best, resumed, device, rank, world, train_rows, valid_rows,
+                  valid_batches)
+
+
+def _batch_parts(w: Worker, net: Any, rows: dict[str, Any], idx: np.ndarray) -> tuple[Any, dict[str, float]]:
+    import torch
+
+    logits = w.model.logits(net, rows, idx, w.device)
+    labels = torch.as_tensor(rows["label"][idx], device=w.device)
+    groups = torch.as_tensor(rows["group_code"][idx], device=w.device)
+    weights = torch.as_tensor(rows["weight"][idx], device=w.device)
+    return batch_loss(logits, labels, groups, w.lc.loss, weights)
+
+
+def _train_epoch(w: Worker, batches: list[np.ndarray], steps: int, epoch: int) -> dict[str, float]:
+    """`steps` optimizer steps (equal on every worker: short shards wrap around, counted once); summed parts."""
+    totals = {"sse": 0.0, "n": 0.0, "kl": 0.0, "groups": 0.0}
+    w.net.train(True)
+    for step in range(steps):
+        loss_value, parts = _batch_parts(w, w.net, w.train_rows, batches[step % len(batches)])
+        w.optimizer.zero_grad(set_to_none=True)
+        loss_value.backward()
+        w.optimizer.step()
+        _maybe_die(w, epoch, step)
+        if step < len(batches):
+            for k in totals:
+                totals[k] += parts[k]
+    return totals
+
+
+def _validate(w: Worker) -> dict[str, float]:
+    """Validation sums over this worker's sessions (the unwrapped module: no DDP collectives)."""
+    import torch
+
+    totals = {"sse": 0.0, "n": 0.0, "kl": 0.0, "groups": 0.0}
+    w.model.module.eval()
+    with torch.no_grad():
+        for idx in w.valid_batches:
+            _, parts = _batch_parts(w, w.model.module, w.valid_rows, idx)
+            for k in totals:
+                totals[k] += parts[k]
+    return totals
+
+
+def _maybe_die(w: Worker, epoch: int, step: int) -> None:
+    """Testing aid (`fault`): SIGKILL rank 0 once, at the first step of the epoch after `after_epoch`."""
+    import ray.train
+
+    fault, lc = w.lc.fault, w.lc
+    if not (fault is not None and fault.stage == lc.stage and fault.seed in (None, lc.seed)
+            and epoch == fault.after_epoch + 1 and step == 0
+            and w.rank == 0 and not lc.local_mode and not Path(fault.marker).exists()):
+        return
+    # wait until the controller has registered the last checkpoint, then die without cleanup;
+    # O_EXCL makes the kill happen once even when several trainers reach this point together
+    ray.train.get_all_reported_checkpoints(timeout_s=60)
+    try:
+        fd = os.open(fault.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, f"killed pid {os.getpid()} in {lc.stage} seed {lc.seed} epoch {epoch}\n".encode())
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _end_epoch(w: Worker, epoch: int, tr: dict[str, float], va: dict[str, float], started: float,
+               steps: int) -> dict[str, Any]:
+    """Early-stopping bookkeeping after an epoch; returns the metrics to report."""
+    improved = va["loss"] < w.state.best_val_loss - w.lc.optim.min_delta
+    w.state.epoch = epoch
+    if improved:
+        w.state.best_val_loss, w.state.best_epoch, w.state.bad_epochs = va["loss"], epoch, 0
+        w.best = w.model.trainable_state()
+    else:
+        w.state.bad_epochs += 1
+    metrics = {"epoch": epoch, "train_loss": tr["loss"], "train_mse": tr["mse"], "val_loss": va["loss"],
+               "val_mse": va["mse"], "val_rank": va["rank"], "epoch_s": round(time.perf_counter() - started, 4),
+               "steps": steps}
+    w.state.history.append(metrics)
+    return {**metrics, "best_epoch": w.state.best_epoch, "best_val_loss": w.state.best_val_loss}
+
+
+def _report(w: Worker, report: dict[str, Any], epoch: int) -> None:
+    """Report the epoch with its checkpoint: local mode keeps it on disk, rank 0 hands it to Ray Train."""
+    import ray.train
+    from ray.train import Checkpoint
+
+    meta = {"stage": w.lc.stage, "seed": w.lc.seed}
+    if w.lc.local_mode:
+        target = checkpoint.save_local(Path(w.lc.local_checkpoint_dir), epoch, w.model.trainable_state(), w.best,
+                                       w.optimizer, w.state, meta)
+        ray.train.report(report, checkpoint=Checkpoint.from_directory(str(target)))
+    elif w.rank == 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint.save(Path(tmp), w.model.trainable_state(), w.best, w.optimizer, w.state, meta)
+            ray.train.report(report, checkpoint=Checkpoint.from_directory(tmp), checkpoint_dir_name=f"epoch_{epoch:04d}")
+    else:
+        ray.train.report(report, checkpoint=None)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """The Ray Train worker function of the trained stages (`config` is a `LoopConfig` as JSON)."""
+    import ray.train
+    import torch
+
+    lc = LoopConfig.model_validate(config)
+    w = _setup(lc)
+    reported = False
+    while w.state.epoch < lc.optim.epochs and w.state.bad_epochs < lc.optim.patience:
+        epoch = w.state.epoch + 1
+        started = time.perf_counter()
+        torch.manual_seed(lc.seed * 100_003 + epoch)
+        rng = np.random.default_rng([lc.seed, epoch])
+        train_batches = session_batches(w.train_rows["group"], lc.optim.batch_size, rng)
+        steps = int(all_reduce({"steps": float(len(train_batches))}, op="max")["steps"])
+        tr = combine_parts(all_reduce(_train_epoch(w, train_batches, steps, epoch)), lc.loss)
+        va = combine_parts(all_reduce(_validate(w)), lc.loss)
+        _report(w, _end_epoch(w, epoch, tr, va, started, steps), epoch)
+        reported = True
+    if lc.local_mode and not reported and w.resumed is not None and w.state.history:
+        # a finished run resumed in local mode: hand its last checkpoint back as the result
+        ray.train.report({**w.state.history[-1], "best_epoch": w.state.best_epoch,
+                          "best_val_loss": w.state.best_val_loss}, checkpoint=w.resumed)

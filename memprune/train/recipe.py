@@ -1,0 +1,223 @@
+"""`memprune train`: the scorer's stages (vanilla, stage 1, stage 2) over seeds, on Ray Train (DESIGN step 3).
+
+`run(cfg)`: one split by conversation (or K folds, each holding one fold out as its test split)
+-> `_prepare` (labels joined to bullets, split, frozen embeddings computed once and cached) ->
+vanilla per seed -> `_run_seed_chains` (stage 1 then stage 2 of each seed; seeds concurrently as
+far as the cluster allows) -> `_write_run` (OUT/run.json, OUT/train.md). Finished (stage, seed)
+runs are reused on a rerun. Evaluation is a separate step (`memprune evaluate`), chained by the
+CLI and the pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+from rich.console import Console
+
+from memprune.io import JsonlSink, read_table, write_json, write_table, write_text
+from memprune.rejects import Ledger
+from memprune.runtime import ensure_ray, use_gpu
+from memprune.train.config import STAGES, TrainConfig
+from memprune.train.data import data_fingerprint, load_labels, prepare_data
+from memprune.train.embed import compute_embeddings, embedding_column
+from memprune.train.report import render_fold_report, render_report
+from memprune.train.splits import FOLD_MANIFEST, fold_assignment, fold_split
+from memprune.train.stages import STAGE_SPECS, TRAIN_FORMAT
+from memprune.train.trainer import Inputs, artifact_dir, run_stage
+
+console = Console(stderr=True)
+
+
+def _prepare(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path
+             ) -> tuple[Inputs, Ledger, dict[str, Any] | None]:
+    """Labelled, split tables (with embeddings when a stage needs them), the label ledger, the embedding facts."""
+    with JsonlSink(cfg.out / "rejects.jsonl") as rejects:
+        ledger = Ledger(rejects)
+        table, counts = prepare_data(cfg, ledger, assignment)
+    write_table(table.group_by(["conversation_id", "split"]).aggregate([]).sort_by("conversation_id"),
+                cfg.out / "splits.parquet")
+    if counts["bullets_per_split"]["test"] == 0:
+        console.print("[yellow]warning:[/] the test split is empty", highlight=False)
+    embed_info: dict[str, Any] | None = None
+    dim: int | None = None
+    if any(STAGE_SPECS[s].needs_embeddings for s in cfg.stages):
+        console.print(f"embedding {table.num_rows} labelled bullets with {cfg.encoder} (Ray Data)", highlight=False)
+        emb, embed_info = compute_embeddings(table, cfg.scorer_config(), cfg.embed, cache_dir)
+        dim = int(emb.shape[1])
+        table = table.append_column("embedding", embedding_column(emb))
+    tables = {s: table.filter(pc.equal(table.column("split"), s)) for s in ("train", "valid", "test")}
+    return Inputs(tables, dim, data_fingerprint(table), counts), ledger, embed_info
+
+
+def _run_chain(cfg: TrainConfig, inputs: Inputs, seed: int, stages: list[str]) -> list[dict[str, Any]]:
+    """The trained stages of one seed in order (stage 1 before stage 2); in-process or as a Ray task."""
+    results = []
+    for stage in stages:
+        summary = run_stage(cfg, inputs, stage, seed)
+        loss = summary["best_val_loss"]
+        console.print(f"{stage} seed {seed}: best epoch {summary['best_epoch']} of {summary['epochs_run']}, "
+                      f"val_loss {'-' if loss is None else f'{loss:.4f}'}, {summary['wall_s']:.1f} s"
+                      + (" (reused)" if summary.get("reused") else ""), highlight=False)
+        results.append(summary)
+    return results
+
+
+def _concurrency(cfg: TrainConfig, n_chains: int) -> int:
+    """How many seed chains can train at once on this cluster."""
+    import ray
+
+    if cfg.ray.max_concurrent is not None:
+        return max(1, min(cfg.ray.max_concurrent, n_chains))
+    res = ray.cluster_resources()
+    fits = int(res.get("CPU", 1) // (cfg.ray.cpus_per_worker * max(1, cfg.ray.num_workers)))
+    if cfg.ray.num_workers > 0 and use_gpu(cfg.ray.use_gpu, res):
+        fits = min(fits, int(res.get("GPU", 0) // cfg.ray.num_workers))
+    return max(1, min(fits, n_chains))
+
+
+def _run_seed_chains(cfg: TrainConfig, inputs: Inputs, chain: list[str]) -> list[dict[str, Any]]:
+    """Every seed's chain of trained stages, as many at once as the cluster fits."""
+    import ray
+
+    width = _concurrency(cfg, len(cfg.seeds))
+    if width == 1:
+        return [r for seed in cfg.seeds for r in _run_chain(cfg, inputs, seed, chain)]
+    cpus = cfg.ray.cpus_per_worker if cfg.ray.num_workers == 0 else 0
+    task = ray.remote(num_cpus=cpus, max_retries=0)(_run_chain)
+    inputs_ref = ray.put(inputs)
+    pending, running, runs = list(cfg.seeds), {}, []
+    while pending or running:
+        while pending and len(running) < width:
+            seed = pending.pop(0)
+            running[task.remote(cfg, inputs_ref, seed, chain)] = seed
+        ready, _ = ray.wait(list(running), num_returns=1)
+        for ref in ready:
+            running.pop(ref)
+            runs.extend(ray.get(ref))
+    return runs
+
+
+def _train_split(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path) -> dict[str, Any]:
+    """Every requested (stage, seed) on one split; writes OUT/<stage>/seed<k>/, OUT/run.json and OUT/train.md."""
+    started = time.perf_counter()
+    ensure_ray(cfg.ray.address)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    inputs, ledger, embed_info = _prepare(cfg, assignment, cache_dir)
+    runs: list[dict[str, Any]] = []
+    for seed in cfg.seeds:
+        for stage in (s for s in cfg.stages if not STAGE_SPECS[s].trained):
+            summary = run_stage(cfg, inputs, stage, seed)
+            mse = summary["val_mse"]
+            console.print(f"{stage} seed {seed}: val_mse {'-' if mse is None else f'{mse:.4f}'}", highlight=False)
+            runs.append(summary)
+    chain = [s for s in cfg.stages if STAGE_SPECS[s].trained]
+    if chain:
+        runs.extend(_run_seed_chains(cfg, inputs, chain))
+    order = {s: i for i, s in enumerate(STAGES)}
+    runs.sort(key=lambda r: (order[r["stage"]], r["seed"]))
+    summary = {
+        **_common(cfg),
+        "split": {**cfg.split.model_dump(mode="json"), **inputs.counts},
+        "rejects": {"file": str(cfg.out / "rejects.jsonl"), **ledger.summary()},
+        "embeddings": embed_info,
+        "runs": [
+            {k: r.get(k) for k in ("stage", "seed", "best_epoch", "best_val_loss", "epochs_run", "val_mse",
+                                   "val_spearman", "wall_s", "reused")}
+            | {"dir": str(artifact_dir(cfg.out, r["stage"], r["seed"]))}
+            for r in runs
+        ],
+        "stage_summary": stage_summary(runs),
+        "wall_s": round(time.perf_counter() - started, 3),
+        "config": cfg.model_dump(mode="json"),
+    }
+    write_json(cfg.out / "run.json", summary)
+    write_text(cfg.out / "train.md", render_report(summary))
+    return summary
+
+
+def _common(cfg: TrainConfig) -> dict[str, Any]:
+    return {"format": TRAIN_FORMAT, "data": str(cfg.data), "labels": [str(p) for p in cfg.labels],
+            "label_weights": cfg.label_weights, "out": str(cfg.out), "stages": cfg.stages, "seeds": cfg.seeds,
+            "encoder": cfg.encoder}
+
+
+def _run_folds(cfg: TrainConfig) -> dict[str, Any]:
+    """k-fold training by conversation: K runs into OUT/fold<i>/, each testing on the conversations it never saw.
+
+    The labelled conversations are dealt into K folds (`fold_assignment`); run i holds out
+    fold i as its test split and trains/validates on the others (`fold_split`), so no
+    conversation's own labels are ever used to predict it. Each fold dir gets a `fold.json`
+    manifest (its train/valid/test conversations) that `memprune evaluate` checks before it
+    pools the K test splits into one out-of-fold prediction set. Embeddings are cached once
+    in OUT/cache and shared by the folds; finished (stage, seed) runs are reused on a rerun.
+    """
+    started = time.perf_counter()
+    k = int(cfg.folds or 0)
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    bullets = read_table(cfg.data / "bullets.parquet", "bullets").select(["bullet_id", "conversation_id"])
+    with JsonlSink(out / "rejects.jsonl") as rejects:
+        ledger = Ledger(rejects)
+        labels, label_counts = load_labels(cfg, set(bullets.column("bullet_id").to_pylist()), ledger)
+    labelled = bullets.join(labels.select(["bullet_id"]), "bullet_id", join_type="inner")
+    fold_of = fold_assignment(labelled.column("conversation_id").to_pylist(), k, cfg.split.seed)
+
+    runs: list[dict[str, Any]] = []
+    per_fold: list[dict[str, Any]] = []
+    for i in range(k):
+        assignment = fold_split(fold_of, i, cfg.split)
+        convs = {s: sorted(c for c, v in assignment.items() if v == s) for s in ("train", "valid", "test")}
+        fold_dir = out / f"fold{i}"
+        fold_dir.mkdir(parents=True, exist_ok=True)
+        write_json(fold_dir / FOLD_MANIFEST, {"fold": i, "k": k, "seed": cfg.split.seed, "conversations": convs})
+        console.print(f"fold {i + 1}/{k}: test {len(convs['test'])}, train {len(convs['train'])}, "
+                      f"valid {len(convs['valid'])} conversations", highlight=False)
+        summary = _train_split(cfg.model_copy(update={"out": fold_dir}), assignment, out / "cache")
+        runs.extend({**r, "fold": i} for r in summary["runs"])
+        per_fold.append({"fold": i, "dir": str(fold_dir), "conversations": {s: len(v) for s, v in convs.items()},
+                         "bullets_per_split": summary["split"]["bullets_per_split"], "wall_s": summary["wall_s"]})
+
+    by_stage = stage_summary(runs)
+    for entry in by_stage.values():
+        entry["seeds"] = sorted(set(entry["seeds"]))
+        entry["folds"] = k
+    result: dict[str, Any] = {
+        **_common(cfg),
+        "folds": k,
+        "labels_counts": label_counts,
+        "rejects": {"file": str(out / "rejects.jsonl"), **ledger.summary()},
+        "fold_of": dict(sorted(fold_of.items())),
+        "per_fold": per_fold,
+        "runs": runs,
+        "stage_summary": by_stage,
+        "wall_s": round(time.perf_counter() - started, 3),
+        "config": cfg.model_dump(mode="json"),
+    }
+    write_json(out / "run.json", result)
+    write_text(out / "train.md", render_fold_report(result))
+    return result
+
+
+def stage_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per stage: its seeds, summed wall time, and mean ± std of the validation numbers over seeds."""
+    out: dict[str, Any] = {}
+    for stage in STAGES:
+        rs = [r for r in runs if r["stage"] == stage]
+        if not rs:
+            continue
+        entry: dict[str, Any] = {"seeds": [r["seed"] for r in rs], "wall_s": round(sum(r["wall_s"] for r in rs), 3)}
+        for key in ("val_mse", "val_spearman", "best_val_loss"):
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            if vals:
+                entry[key] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0}
+        out[stage] = entry
+    return out
+
+
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    """Train every requested (stage, seed): K folds when `cfg.folds` is set, else one split."""
+    return _run_folds(cfg) if cfg.folds else _train_split(cfg, None, cfg.out / "cache")

@@ -1,0 +1,169 @@
+"""The scorer's stages (vanilla, stage 1, stage 2) as a registry of specs: everything that differs per stage.
+
+A `StageSpec` says whether the stage trains, from which earlier stage of the same seed it starts,
+which optimiser section it uses, how many torch threads a worker takes, which input column the
+train loop reads (cached embeddings or texts), how its trainable module is built, and how its
+artifact predicts. The recipe and the train loop never compare stage names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from memprune.scorer import ScorerConfig
+from memprune.train.config import OptimConfig, TrainError, TrainSettings
+from memprune.work import digest
+
+TRAIN_FORMAT = 1
+
+
+class HeadModel:
+    """Stage 1: the regression head alone, on the frozen encoder's cached embeddings."""
+
+    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None) -> None:
+        from memprune.scorer import build_head
+
+        if embedding_dim is None:
+            raise TrainError("stage1 needs embedding_dim")
+        self.module = build_head(embedding_dim, scorer.head, seed)
+
+    def trainable_state(self) -> dict[str, Any]:
+        """Head weights as `head.*` (CPU copies)."""
+        return {f"head.{k}": v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def load_trainable(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+
+    def logits(self, net: Any, rows: dict[str, Any], idx: np.ndarray, device: Any) -> Any:
+        """Logits of rows `idx` through `net` (the head, or its DDP wrapper)."""
+        import torch
+
+        return net(torch.as_tensor(rows["embedding"][idx], device=device))
+
+
+class LoraModel:
+    """Stage 2: the encoder with fresh LoRA adapters and the stage-1 head of the same seed, trained together."""
+
+    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None) -> None:
+        from safetensors.torch import load_file
+
+        from memprune.scorer import Scorer
+
+        if init_dir is None:
+            raise TrainError("stage2 needs the stage-1 artifact of the same seed (init_dir)")
+        if scorer.lora is None:
+            raise TrainError("stage2 needs LoRA settings")
+        model = Scorer.build(scorer.model_copy(update={"lora": None}), seed=seed)
+        model.head.load_state_dict(load_file(str(Path(init_dir) / "head.safetensors")))
+        model.add_lora(scorer.lora, seed=seed)
+        model.freeze_encoder()
+        self.module = model
+
+    def trainable_state(self) -> dict[str, Any]:
+        """Head weights as `head.*`, LoRA adapter weights as `adapter.*` (CPU copies)."""
+        out = {f"head.{k}": v.clone() for k, v in self.module.head_state().items()}
+        out.update({f"adapter.{k}": v.clone() for k, v in self.module.adapter_state().items()})
+        return out
+
+    def load_trainable(self, state: dict[str, Any]) -> None:
+        self.module.head.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("head.")})
+        self.module.load_adapter_state({k[8:]: v for k, v in state.items() if k.startswith("adapter.")})
+
+    def logits(self, net: Any, rows: dict[str, Any], idx: np.ndarray, device: Any) -> Any:
+        """Logits of rows `idx` through `net` (the scorer, or its DDP wrapper: DDP hooks need `net(...)`)."""
+        import torch
+
+        tokens = self.module.tokenize([rows["text"][i] for i in idx], device)
+        if isinstance(net, torch.nn.parallel.DistributedDataParallel):
+            return net(**tokens, return_logits=True)
+        return net.logits(**tokens)
+
+
+def head_scores(head_state: dict[str, Any], cfg: TrainSettings, dim: int, embeddings: np.ndarray) -> np.ndarray:
+    """Scores of precomputed embeddings under a head (vanilla and stage 1 predict this way)."""
+    import torch
+
+    from memprune.scorer import Head
+
+    head = Head(dim, cfg.head)
+    head.load_state_dict(head_state)
+    head.eval()
+    with torch.no_grad():
+        return torch.sigmoid(head(torch.from_numpy(np.array(embeddings, dtype=np.float32)))).double().numpy()
+
+
+def _predict_on_embeddings(cfg: TrainSettings, artifact: Path, head_state: dict[str, Any], dim: int,
+                           texts: list[str], embeddings: np.ndarray | None) -> np.ndarray:
+    if embeddings is None:
+        raise TrainError("this stage predicts from the cached embeddings, which were not computed")
+    return head_scores(head_state, cfg, dim, embeddings)
+
+
+def _predict_with_scorer(cfg: TrainSettings, artifact: Path, head_state: dict[str, Any], dim: int,
+                         texts: list[str], embeddings: np.ndarray | None) -> np.ndarray:
+    import torch
+
+    from memprune.scorer import Scorer
+
+    device = "cuda" if torch.cuda.is_available() else None
+    return Scorer.load(artifact, device=device).score(texts, batch_size=cfg.predict_batch_size)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one stage is: training or not, its start, optimiser, threads, inputs, model and prediction."""
+
+    name: str
+    model: type[HeadModel] | type[LoraModel] | None  # None: not trained (vanilla)
+    column: str  # what the train loop reads: "embedding" (cached) or "text"
+    settings: tuple[str, ...]  # optimiser sections the result depends on (its own last)
+    predict: Callable[..., np.ndarray]
+    init_from: str | None = None
+    threads_from_workers: bool = False  # False: one torch thread (a head on [batch, d] only spins more)
+
+    @property
+    def trained(self) -> bool:
+        return self.model is not None
+
+    @property
+    def needs_embeddings(self) -> bool:
+        return self.column == "embedding"
+
+    def optim(self, cfg: TrainSettings) -> OptimConfig | None:
+        """This stage's optimiser section (None for an untrained stage)."""
+        return getattr(cfg, self.name) if self.trained else None
+
+    def threads(self, cfg: TrainSettings) -> int:
+        return max(1, int(cfg.ray.cpus_per_worker)) if self.threads_from_workers else 1
+
+    def columns(self) -> list[str]:
+        """The columns of the train loop's datasets."""
+        return ["bullet_id", "group", "label", "weight", self.column]
+
+    def fingerprint(self, cfg: TrainSettings, seed: int, data_fp: str) -> str:
+        """Everything the (stage, seed) result depends on: a rerun with the same one reuses the artifact."""
+        payload: dict[str, Any] = {
+            "format": TRAIN_FORMAT,
+            "stage": self.name,
+            "seed": seed,
+            "data": data_fp,
+            "scorer": cfg.scorer_config(self.name, seed).model_dump(mode="json"),
+            "split": cfg.split.model_dump(mode="json"),
+        }
+        if self.settings:
+            payload.update({s: getattr(cfg, s).model_dump(mode="json") for s in self.settings})
+            payload["loss"] = cfg.loss.model_dump(mode="json")
+            payload["workers"] = cfg.ray.num_workers
+        return digest(payload)
+
+
+STAGE_SPECS: dict[str, StageSpec] = {
+    "vanilla": StageSpec("vanilla", None, "embedding", (), _predict_on_embeddings),
+    "stage1": StageSpec("stage1", HeadModel, "embedding", ("stage1",), _predict_on_embeddings),
+    "stage2": StageSpec("stage2", LoraModel, "text", ("stage1", "stage2"), _predict_with_scorer, init_from="stage1",
+                        threads_from_workers=True),
+}

@@ -1,0 +1,114 @@
+"""Resumable work: digests, fingerprinted work directories, resumable chunks, finished outputs.
+
+A long stage cuts its work into deterministic pieces (shards, chunks, (stage, seed) runs) and
+writes each one atomically when it is done, under a directory named by a fingerprint of
+everything the result depends on. A rerun of the same command finds the finished pieces and
+redoes only the rest; a changed input or setting gives another fingerprint, so stale pieces
+are never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from memprune.errors import MemPruneError
+from memprune.io import atomic_path, write_json
+
+
+def digest(payload: Any) -> str:
+    """SHA-256 hex digest of a JSON-able payload (key order independent; other values via `str`)."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 hex digest of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def table_digest(table: pa.Table, columns: Iterable[str]) -> str:
+    """SHA-256 of the Arrow buffers of `columns` (content and layout of the given columns)."""
+    h = hashlib.sha256()
+    for col in columns:
+        for chunk in table.column(col).chunks:
+            for buf in chunk.buffers():
+                if buf is not None:
+                    h.update(buf)
+    return h.hexdigest()
+
+
+class WorkDir:
+    """`OUT/.work/<fingerprint[:16]>/`: a manifest plus one atomically written file per finished piece."""
+
+    def __init__(self, out: str | Path, payload: dict[str, Any]) -> None:
+        self.fingerprint = digest(payload)
+        self.path = Path(out) / ".work" / self.fingerprint[:16]
+        self.path.mkdir(parents=True, exist_ok=True)
+        manifest = self.path / "manifest.json"
+        if manifest.exists():
+            old = json.loads(manifest.read_text(encoding="utf-8"))
+            if old.get("fingerprint") != self.fingerprint:
+                raise MemPruneError(f"{manifest}: belongs to another run (fingerprint prefix clash); delete {self.path}")
+        else:
+            write_json(manifest, {"fingerprint": self.fingerprint, "payload": payload})
+
+    def piece(self, kind: str, i: int, ext: str) -> Path:
+        """The path of finished piece `i` of `kind` (e.g. `emb-00003.npy`)."""
+        return self.path / f"{kind}-{i:05d}.{ext}"
+
+
+def resumable_chunks(
+    table: pa.Table,
+    chunk_rows: int,
+    work: WorkDir,
+    fn: Callable[[pa.Table], pa.Table],
+    schema: pa.Schema,
+    desc: str,
+    progress: bool = True,
+    setup: Callable[[], None] | None = None,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """`fn` over consecutive row chunks of `table`, each result saved atomically in `work`.
+
+    A rerun reuses every chunk already saved and computes only the missing ones, so a killed
+    long job resumes where it stopped. `setup` (e.g. starting Ray) runs once, only if work is left.
+    """
+    from tqdm import tqdm
+
+    bounds = [(s, min(s + chunk_rows, table.num_rows)) for s in range(0, table.num_rows, chunk_rows)]
+    paths = [work.piece("chunk", i, "parquet") for i in range(len(bounds))]
+    pending = [i for i, p in enumerate(paths) if not p.exists()]
+    if pending and setup is not None:
+        setup()
+    for i in tqdm(pending, desc=desc, unit="chunk", disable=not progress):
+        a, b = bounds[i]
+        result = fn(table.slice(a, b - a))
+        with atomic_path(paths[i]) as tmp:
+            pq.write_table(result, tmp)
+    results = pa.concat_tables([pq.read_table(p, schema=schema) for p in paths]) if paths else schema.empty_table()
+    return results, {"chunks": len(bounds), "reused": len(bounds) - len(pending), "work": str(work.path)}
+
+
+def finished(summary: Path, fingerprint: str, needs: Iterable[str] = ()) -> dict[str, Any] | None:
+    """The JSON summary of a finished piece of work with this fingerprint, or None.
+
+    Finished means: `summary` exists, parses, records `fingerprint`, and every file named in
+    `needs` (relative to its directory) exists. The summary is written last, so its presence
+    with the right fingerprint says the whole piece was completed.
+    """
+    if not summary.is_file() or not all((summary.parent / n).exists() for n in needs):
+        return None
+    try:
+        done = json.loads(summary.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    return done if isinstance(done, dict) and done.get("fingerprint") == fingerprint else None
