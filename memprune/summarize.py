@@ -17,6 +17,7 @@ Corpora that already have bullets (MSC, LoCoMo) can skip this step.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path

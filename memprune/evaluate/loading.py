@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from memprune.encoders import DEFAULT_ENCODER
 from memprune.evaluate.config import SPLIT_ALIASES, EvaluationError
 from memprune.io import read_table
 from memprune.rejects import Ledger
@@ -231,14 +232,14 @@ class Corpus:
 
 
 
-def run_encoder(run_dir: str | Path) -> str | None:
-    """The encoder named by the run's scorer artifacts (the first scorer.json found), if any."""
+def run_encoder(run_dir: str | Path) -> str:
+    """The encoder named by the run's scorer artifacts (the first scorer.json found), else the default encoder."""
     for path in sorted(Path(run_dir).glob("**/seed*/scorer.json")):
         try:
             return str(json.loads(path.read_text(encoding="utf-8"))["encoder"])
         except (ValueError, KeyError, OSError):
             continue
-    return None
+    return DEFAULT_ENCODER
 
 
 def _turn_positions(data_dir: Path) -> tuple[dict[str, int], str]:

@@ -312,7 +312,7 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
     for split_name, split in metrics["splits"].items():
         main = split_name == "test"
         seeds = ", ".join(f"{stage_label(s)}: {len(v)}" for s, v in split["seeds"].items())
-        lines += [f"## {'Test' if main else split_name.capitalize()} split", "",
+        lines += [f"## {'Test' if main else 'Validation'} split", "",
                   f"{split['n_bullets']} bullets in {split['n_sessions']} sessions; "
                   f"{100 * (split['relevant_share'] or 0):.1f}% relevant. Seeds per stage: {seeds}.", ""]
         for note in split.get("notes", []):
