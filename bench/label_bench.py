@@ -179,9 +179,9 @@ def main() -> int:
         tiny = None
         if need_llm:
             import ray
+            from tiny_llm import build_tiny_llm
 
             from memprune.llm import LLMConfig
-            from tiny_llm import build_tiny_llm
 
             if not ray.is_initialized():
                 ray.init(include_dashboard=False, log_to_driver=False)

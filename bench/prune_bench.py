@@ -177,7 +177,14 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
 
     import ray
 
-    from memprune.prune import GROUP_KEYS, PruneConfig, list_store_files, open_store, plan_store, run_prune
+    from memprune.prune import (
+        GROUP_KEYS,
+        PruneConfig,
+        list_store_files,
+        open_store,
+        plan_store,
+        run_prune,
+    )
 
     mem = PeakMemory()
     mem.start()

@@ -92,8 +92,8 @@ def main() -> int:
     n_train = s1["n_bullets"]["train"]
 
     # one encoder pass over the same (train) bullets, same threads, same max_length, in-process
-    from memprune.train import prepare_data
     from memprune.rejects import Ledger
+    from memprune.train import prepare_data
 
     table, _ = prepare_data(cfg, Ledger())
     texts = table.filter(pc.equal(table.column("split"), "train")).column("text").to_pylist()

@@ -5,8 +5,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # importable under `ray job submit --working-dir .`
 
-from memprune.train import TrainConfig, run  # noqa: E402
 from memprune.runtime import run_job  # noqa: E402
+from memprune.train import TrainConfig, run  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_job("train", TrainConfig, run))

@@ -104,7 +104,7 @@ def stats(data: Path = typer.Argument(..., help="A directory written by `memprun
 
 @app.command()
 def synth(
-    conversations: Optional[int] = typer.Option(None, "--conversations", "-n", help="Number of conversations [default: 60]."),
+    conversations: Optional[int] = typer.Option(None, "--conversations", "-n", help="Number of conversations [default: 100]."),
     sessions: Optional[int] = typer.Option(None, "--sessions", "-s", help="Sessions per conversation [default: 4]."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; same seed, same corpus [default: 0]."),
@@ -237,7 +237,8 @@ def train(
                       f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
     console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
     if evaluate:
-        from memprune.evaluate import EvalConfig, run as run_evaluate
+        from memprune.evaluate import EvalConfig
+        from memprune.evaluate import run as run_evaluate
 
         _, result = run_stage(EvalConfig, run_evaluate, None, None,
                               {"run": cfg.out, "out": cfg.out / "eval", "data": cfg.data})

@@ -11,6 +11,7 @@ import json
 import statistics
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,12 @@ def ingest(format: str, input: str | Path, out: str | Path, split: str | None = 
         raise IngestError(f"{input}: no such file or directory")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    rejects = JsonlSink(out / "rejects.jsonl")
-    ledger = Ledger(rejects)
-    sinks = {"sessions": table_sink(out / "sessions.parquet", "sessions"),
-             "bullets": table_sink(out / "bullets.parquet", "bullets")}
-    if adapter.has_qa:
-        sinks["qa"] = table_sink(out / "qa.parquet", "qa")
     keys: dict[str, set] = {"sessions": set(), "bullets": set(), "qa": set()}
-    try:
+    with ExitStack() as files:  # every output is committed on success and discarded on any error
+        rejects = files.enter_context(JsonlSink(out / "rejects.jsonl"))
+        ledger = Ledger(rejects)
+        names = ["sessions", "bullets", *(["qa"] if adapter.has_qa else [])]
+        sinks = {name: files.enter_context(table_sink(out / f"{name}.parquet", name)) for name in names}
         with Progress(TextColumn("ingest {task.description}"), BarColumn(), TextColumn("{task.completed} conversations"),
                       TimeElapsedColumn(), transient=True,
                       console=Console(stderr=True)) as progress:
@@ -75,20 +74,9 @@ def ingest(format: str, input: str | Path, out: str | Path, split: str | None = 
                 for kind, n in conv.counts().items():
                     ledger.wrote(kind, n)
                 progress.advance(task)
-    except BaseException:
-        for sink in sinks.values():
-            sink.abort()
-        rejects.abort()
-        raise
-    imbalance = ledger.imbalance()
-    if imbalance:
-        for sink in sinks.values():
-            sink.abort()
-        rejects.abort()
-        raise ConservationError(f"adapter {format!r} lost items without rejecting them: {imbalance}")
-    for sink in sinks.values():
-        sink.close()
-    rejects.close()
+        imbalance = ledger.imbalance()
+        if imbalance:
+            raise ConservationError(f"adapter {format!r} lost items without rejecting them: {imbalance}")
     written = ledger.written
     summary = {
         "format": format,

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memprune.schema import SchemaError, TABLES, validate_table
+from memprune.schema import TABLES, SchemaError, validate_table
 
 
 @contextmanager
@@ -85,7 +85,42 @@ def read_table(path: str | os.PathLike[str], name: str, columns: list[str] | Non
     return table
 
 
-class TableSink:
+class _AtomicFile:
+    """A file written under a temporary name: `close()` renames it onto `path`, `abort()` discards it.
+
+    Used as a context manager, an exception in the block aborts it, so a failed run leaves no half file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._ctx = atomic_path(self.path)
+        self._tmp = self._ctx.__enter__()
+
+    def _finish(self) -> None:
+        """Close the underlying writer (subclasses)."""
+
+    def close(self) -> None:
+        self._finish()
+        self._ctx.__exit__(None, None, None)
+
+    def abort(self) -> None:
+        self._finish()
+        try:
+            self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        except RuntimeError:
+            pass
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class TableSink(_AtomicFile):
     """Stream rows into one Parquet file with a fixed schema, in bounded memory.
 
     Rows are buffered and flushed as row groups of `batch_rows`; the file appears
@@ -93,13 +128,11 @@ class TableSink:
     """
 
     def __init__(self, path: str | os.PathLike[str], schema: pa.Schema, batch_rows: int = 50_000) -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self.schema = schema
         self.batch_rows = batch_rows
         self.rows = 0
         self._buffer: list[dict[str, Any]] = []
-        self._ctx = atomic_path(self.path)
-        self._tmp = self._ctx.__enter__()
         self._writer = pq.ParquetWriter(self._tmp, schema)
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -125,24 +158,10 @@ class TableSink:
 
     def close(self) -> None:
         self.flush()
+        super().close()
+
+    def _finish(self) -> None:
         self._writer.close()
-        self._ctx.__exit__(None, None, None)
-
-    def abort(self) -> None:
-        self._writer.close()
-        try:
-            self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
-        except RuntimeError:
-            pass
-
-    def __enter__(self) -> "TableSink":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def table_sink(path: str | os.PathLike[str], name: str, batch_rows: int = 50_000) -> TableSink:
@@ -150,39 +169,20 @@ def table_sink(path: str | os.PathLike[str], name: str, batch_rows: int = 50_000
     return TableSink(path, TABLES[name], batch_rows=batch_rows)
 
 
-class JsonlSink:
+class JsonlSink(_AtomicFile):
     """Append JSON lines to a file that is renamed into place on close (atomic)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self.count = 0
-        self._ctx = atomic_path(self.path)
-        self._tmp = self._ctx.__enter__()
         self._fh: IO[str] = open(self._tmp, "w", encoding="utf-8")
 
     def write(self, obj: Mapping[str, Any]) -> None:
         self._fh.write(json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n")
         self.count += 1
 
-    def close(self) -> None:
+    def _finish(self) -> None:
         self._fh.close()
-        self._ctx.__exit__(None, None, None)
-
-    def abort(self) -> None:
-        self._fh.close()
-        try:
-            self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
-        except RuntimeError:
-            pass
-
-    def __enter__(self) -> "JsonlSink":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Mapping[str, Any]]) -> int:

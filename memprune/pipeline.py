@@ -38,6 +38,7 @@ class CorpusSpec(SynthSettings):
     """Where the corpus comes from: generated (`synth`, with the synth settings) or ingested from a source format."""
 
     format: Literal["synth", "msc", "locomo", "jsonl"] = "synth"
+    conversations: int = Field(60, description="synth: number of conversations (a quick local run)")
     input: str | None = Field(None, description="source path for msc/locomo/jsonl")
     split: str | None = Field(None, description="split for layouts that have them (msc: valid)")
 
@@ -110,7 +111,8 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[s
     if step == "data":
         c = cfg.corpus
         if c.format == "synth":
-            from memprune.synth import SynthConfig, run as synth
+            from memprune.synth import SynthConfig
+            from memprune.synth import run as synth
 
             result = synth(SynthConfig(**c.model_dump(include=set(SynthSettings.model_fields)), out=dirs["data"]))
         else:
@@ -119,24 +121,28 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[s
             result = ingest(c.format, c.input or "", dirs["data"], split=c.split)
         return result, result["counts"]
     if step == "label":
-        from memprune.label import LabelConfig, run as label
+        from memprune.label import LabelConfig
+        from memprune.label import run as label
 
         result = label(LabelConfig(**cfg.label.model_dump(), data=dirs["data"], out=dirs["label"]))
         return result, {"bullets_labelled": result["counts"]["bullets_labelled"],
                         "pairs": result["counts"].get("pairs"), "error_rate": result.get("error_rate")}
     if step == "train":
-        from memprune.train import TrainConfig, run as train
+        from memprune.train import TrainConfig
+        from memprune.train import run as train
 
         result = train(TrainConfig(**cfg.train.model_dump(), data=dirs["data"], labels=[dirs["label"]],
                                    out=dirs["train"]))
         return result, {"stages": cfg.train.stages, "seeds": cfg.train.seeds}
     if step == "evaluate":
-        from memprune.evaluate import EvalConfig, run as evaluate
+        from memprune.evaluate import EvalConfig
+        from memprune.evaluate import run as evaluate
 
         result = evaluate(EvalConfig(**cfg.evaluate.model_dump(), run=dirs["train"], out=dirs["evaluate"],
                                      data=dirs["data"]))
         return result, {"report": str(dirs["evaluate"] / "report.md")}
-    from memprune.prune import PruneConfig, run as prune
+    from memprune.prune import PruneConfig
+    from memprune.prune import run as prune
 
     scorer = dirs["train"] / (cfg.prune_scorer or f"{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}")
     result = prune(PruneConfig(**cfg.prune.model_dump(), scorer=str(scorer), input=str(dirs["data"] / "bullets.parquet"),

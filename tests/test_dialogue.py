@@ -14,8 +14,18 @@ import pytest
 from typer.testing import CliRunner
 
 from memprune.cli import app
-from memprune.dialogue import (DialogueError, DialogueEvalConfig, SampleSettings, build_rows, bullets_by_session,
-                               load_keep, memory_pool, run_dialogue_eval, sample_targets, top_k)
+from memprune.dialogue import (
+    DialogueError,
+    DialogueEvalConfig,
+    SampleSettings,
+    build_rows,
+    bullets_by_session,
+    load_keep,
+    memory_pool,
+    run_dialogue_eval,
+    sample_targets,
+    top_k,
+)
 from memprune.dialogue import metrics as M
 from memprune.llm import LLMConfig, parse_reply
 from memprune.llm.engines import HttpRequest, VLLMRequest

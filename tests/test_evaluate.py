@@ -11,7 +11,6 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from memprune.evaluate import metrics as M
 from memprune.evaluate import (
     EvalSettings,
     EvaluationError,
@@ -21,6 +20,7 @@ from memprune.evaluate import (
     paired_seed_test,
     wilcoxon_sessions,
 )
+from memprune.evaluate import metrics as M
 from memprune.io import write_table
 from memprune.schema import BULLETS, QA, SESSIONS, SchemaError
 

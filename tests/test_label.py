@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 
 from memprune import schema
 from memprune.cli import app
-from memprune.io import read_table, write_table
-from memprune.runtime import run_job
 from memprune.config import load_config
+from memprune.io import read_table, write_table
 from memprune.label import ALL_PAIRS_FAILED, LabelConfig, aggregate, run_label
 from memprune.label.similarity import SimilarityJudge, cosine_to_score
+from memprune.runtime import run_job
 
 REPO = Path(__file__).resolve().parents[1]
 N_CONVERSATIONS = 5

@@ -9,10 +9,33 @@ from pathlib import Path
 import pytest
 
 from memprune.config import ConfigError
-from memprune.llm import JUDGE_SCHEMA, SUMMARY_SCHEMA, LLMConfig, PromptError, load_template, parse_judge, parse_summary
-from memprune.llm.engines import HttpRequest, VLLMRequest, http_postprocess, normalize_engine_output, sampling_for
-from memprune.llm.parsing import parse_judge_lenient, parse_judge_strict, resolve_evidence
-from memprune.llm.prompts import judge_messages, parse_template, summarize_messages, turn_labels
+from memprune.llm import (
+    JUDGE_SCHEMA,
+    SUMMARY_SCHEMA,
+    LLMConfig,
+    PromptError,
+    load_template,
+    parse_judge,
+    parse_summary,
+)
+from memprune.llm.engines import (
+    HttpRequest,
+    VLLMRequest,
+    http_postprocess,
+    normalize_engine_output,
+    sampling_for,
+)
+from memprune.llm.parsing import (
+    parse_judge_lenient,
+    parse_judge_strict,
+    resolve_evidence,
+)
+from memprune.llm.prompts import (
+    judge_messages,
+    parse_template,
+    summarize_messages,
+    turn_labels,
+)
 from memprune.llm.run import check_columns, finish_rows, prepare_rows, settle_rows
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,6 @@ from memprune import schema
 from memprune.cli import app
 from memprune.io import read_table, write_table
 from memprune.label import LabelConfig, aggregate, run_label
-from memprune.rejects import Ledger
 from memprune.label.sources import (
     NO_LATER_SESSION,
     NO_QA_FOR_CONVERSATION,
@@ -33,6 +32,7 @@ from memprune.label.sources import (
     read_usage_log,
     usage_labels,
 )
+from memprune.rejects import Ledger
 
 M1, M2 = "locomo:mini-1", "locomo:mini-2"
 

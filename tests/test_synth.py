@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from memprune import synth
-from memprune.synth import vocabulary as vocab
 from memprune.io import read_table
 from memprune.schema import BULLETS, SYNTH_BULLETS, validate_table
+from memprune.synth import vocabulary as vocab
 
 KINDS = {"preference", "plan", "relation", "pet", "job", "oneoff"}
 

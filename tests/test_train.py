@@ -16,7 +16,6 @@ import torch
 from memprune.io import write_table
 from memprune.rejects import Ledger
 from memprune.scorer import Scorer
-from memprune.train.splits import SplitConfig, SplitError, split_conversations, split_counts
 from memprune.train import (
     PREDICTIONS,
     LossConfig,
@@ -29,6 +28,7 @@ from memprune.train import (
     run_training,
     session_batches,
 )
+from memprune.train.splits import SplitConfig, SplitError, split_conversations, split_counts
 
 # ----------------------------------------------------------------- pure pieces
 

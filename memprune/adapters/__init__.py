@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from memprune.rejects import Ledger
 from memprune.errors import MemPruneError
+from memprune.rejects import Ledger
 
 KINDS = ("conversation", "session", "turn", "bullet", "qa", "evidence")
 
@@ -74,6 +74,14 @@ def text_problem(name: str, value: Any, allow_empty: bool = False) -> str | None
         return f"empty {name}"
     if not encodable(value):
         return f"{name} is not valid Unicode (lone surrogate escape)"
+    return None
+
+
+def first_text_problem(*fields: tuple[str, str, Any]) -> tuple[str, str, Any] | None:
+    """The first of (field, name, value) whose value is not usable text, as (field, reason, value); None if all are."""
+    for key, name, value in fields:
+        if reason := text_problem(name, value):
+            return key, reason, value
     return None
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memprune.adapters import Adapter, Conversation, IngestError, json_type, register, text_problem
+from memprune.adapters import Adapter, Conversation, IngestError, first_text_problem, json_type, register, text_problem
 from memprune.rejects import Ledger
 from memprune.schema import bullet_id, qa_id, turn_id
 
@@ -163,11 +163,8 @@ class _Record:
                 self.reject(tfield, "turn", f"turn is {json_type(turn)}, expected an object", turn)
                 continue
             speaker, text, user_id = turn.get("speaker"), turn.get("text"), turn.get("id")
-            if reason := text_problem("speaker", speaker):
-                self.reject(f"{tfield}.speaker", "turn", reason, speaker)
-                continue
-            if reason := text_problem("text", text):
-                self.reject(f"{tfield}.text", "turn", reason, text)
+            if problem := first_text_problem(("speaker", "speaker", speaker), ("text", "text", text)):
+                self.reject(f"{tfield}.{problem[0]}", "turn", problem[1], problem[2])
                 continue
             if user_id is not None and (not isinstance(user_id, str) or user_id in turn_refs):
                 reason = "duplicate turn id" if isinstance(user_id, str) else "id is not a string"

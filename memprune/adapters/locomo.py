@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memprune import schema
-from memprune.adapters import Adapter, Conversation, IngestError, json_type, register, text_problem
+from memprune.adapters import Adapter, Conversation, IngestError, first_text_problem, json_type, register, text_problem
 from memprune.rejects import Ledger
 
 ID_PREFIX = "locomo:"
@@ -300,11 +300,7 @@ class _Reader:
         else:
             self.ledger.note("turn without a usable dia_id (cannot be cited)")
         text, speaker = raw.get("text"), raw.get("speaker")
-        problem = None
-        if reason := text_problem("text", text):
-            problem = ("text", reason, text)
-        elif reason := text_problem("speaker", speaker):
-            problem = ("speaker", reason, speaker)
+        problem = first_text_problem(("text", "text", text), ("speaker", "speaker", speaker))
         if problem is not None:
             field, reason, value = problem
             self.reject(rec + (f" ({dia})" if dia else ""), f"{path}.{field}", "turn", reason, value)

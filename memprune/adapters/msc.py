@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memprune.adapters import Adapter, Conversation, IngestError, json_type, register, text_problem
+from memprune.adapters import Adapter, Conversation, IngestError, first_text_problem, json_type, register, text_problem
 from memprune.rejects import Ledger
 from memprune.schema import bullet_id, turn_id
 
@@ -148,11 +148,7 @@ def _session(
             continue
         persona = turn.get("persona_text")
         speaker, text = turn.get("id"), turn.get("text")
-        problem = None
-        if reason := text_problem("speaker id", speaker):
-            problem = ("id", reason, speaker)
-        elif reason := text_problem("text", text):
-            problem = ("text", reason, text)
+        problem = first_text_problem(("id", "speaker id", speaker), ("text", "text", text))
         if problem is not None:
             ledger.reject(source=source, record=where, field=f"{field}.{problem[0]}", kind="turn",
                           reason=problem[1], value=problem[2], lost={"bullet": 1} if persona else None)

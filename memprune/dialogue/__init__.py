@@ -17,8 +17,20 @@
 from __future__ import annotations
 
 from memprune.dialogue.config import DialogueEvalConfig
-from memprune.dialogue.plan import (CONDITIONS, Bullet, Candidates, DialogueError, SampleSettings, Target, build_rows,
-                                    bullets_by_session, memory_pool, retrieval_query, sample_targets, top_k)
+from memprune.dialogue.plan import (
+                                    CONDITIONS,
+                                    Bullet,
+                                    Candidates,
+                                    DialogueError,
+                                    SampleSettings,
+                                    Target,
+                                    build_rows,
+                                    bullets_by_session,
+                                    memory_pool,
+                                    retrieval_query,
+                                    sample_targets,
+                                    top_k,
+)
 from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import score_replies
 from memprune.dialogue.stage import generate_replies, load_keep, run, run_dialogue_eval

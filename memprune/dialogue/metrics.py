@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-
 # ---------------------------------------------------------------- BLEU
 
 

@@ -33,7 +33,13 @@ from rich.console import Console
 
 from memprune.dialogue import metrics as M
 from memprune.dialogue.config import DialogueEvalConfig
-from memprune.dialogue.plan import DialogueError, build_rows, bullets_by_session, memory_pool, sample_targets
+from memprune.dialogue.plan import (
+    DialogueError,
+    build_rows,
+    bullets_by_session,
+    memory_pool,
+    sample_targets,
+)
 from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import cost_table, score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder

@@ -7,6 +7,7 @@ OUT/rejects.jsonl (prediction rows that could not be used, with the reason).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,12 @@ from memprune.evaluate.loading import (
 )
 from memprune.evaluate.pruning import RandomKeep, pruning_view
 from memprune.evaluate.report import write_report
-from memprune.evaluate.significance import aggregate, comparisons, paired_seed_test, wilcoxon_sessions
+from memprune.evaluate.significance import (
+    aggregate,
+    comparisons,
+    paired_seed_test,
+    wilcoxon_sessions,
+)
 from memprune.io import JsonlSink, jsonable, write_json, write_table
 from memprune.prune.rule import group_codes, rank_within_groups
 from memprune.rejects import Ledger

@@ -33,7 +33,13 @@ from memprune.io import JsonlSink, read_table, write_jsonl, write_summary, write
 from memprune.label import sources
 from memprune.label.aggregate import ALL_PAIRS_FAILED, aggregate
 from memprune.label.config import LabelConfig, LabelError
-from memprune.label.pairs import NO_NEXT_SESSION, NO_SPEAKER, NO_TARGET_TURNS, PairPlan, build_pairs
+from memprune.label.pairs import (
+    NO_NEXT_SESSION,
+    NO_SPEAKER,
+    NO_TARGET_TURNS,
+    PairPlan,
+    build_pairs,
+)
 from memprune.label.report import render_markdown, render_source_markdown
 from memprune.rejects import Ledger
 from memprune.schema import PAIRS

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 from memprune.llm.config import DEFAULT_MAX_TOKENS, LLMConfig, Sampling
 from memprune.llm.engines import LLMError
-from memprune.llm.parsing import JUDGE_SCHEMA, SUMMARY_SCHEMA, Parsed, parse_judge, parse_reply, parse_summary
+from memprune.llm.parsing import (
+    JUDGE_SCHEMA,
+    SUMMARY_SCHEMA,
+    Parsed,
+    parse_judge,
+    parse_reply,
+    parse_summary,
+)
 from memprune.llm.prompts import PromptError, load_template
 from memprune.llm.run import outcome_summary, output_fields, run_llm
 

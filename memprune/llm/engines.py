@@ -23,8 +23,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprune.llm.config import LLMConfig
 from memprune.errors import MemPruneError
+from memprune.llm.config import LLMConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
 from memprune.errors import MemPruneError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"

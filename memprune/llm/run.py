@@ -26,8 +26,14 @@ import pyarrow.compute as pc
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.engines import full_replicas, generate
 from memprune.llm.parsing import SCHEMAS, parse_judge, parse_reply, parse_summary
-from memprune.llm.prompts import (PromptError, judge_messages, load_template, reply_messages, summarize_messages,
-                                  turn_labels)
+from memprune.llm.prompts import (
+    PromptError,
+    judge_messages,
+    load_template,
+    reply_messages,
+    summarize_messages,
+    turn_labels,
+)
 
 # Columns a task reads to build its prompt; they are not passed through unless keep_inputs=True.
 TASK_INPUTS: dict[str, tuple[str, ...]] = {

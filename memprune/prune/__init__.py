@@ -15,8 +15,19 @@
 
 from __future__ import annotations
 
-from memprune.prune.config import GROUP_KEYS, PruneConfig, PruneError, PruneRule, PruneSettings
-from memprune.prune.rule import group_codes, prune_mask, rank_within_groups, setting_name
+from memprune.prune.config import (
+    GROUP_KEYS,
+    PruneConfig,
+    PruneError,
+    PruneRule,
+    PruneSettings,
+)
+from memprune.prune.rule import (
+    group_codes,
+    prune_mask,
+    rank_within_groups,
+    setting_name,
+)
 from memprune.prune.scoring import KeptBullet, MemoryPruner, group_keys_of, score_texts
 from memprune.prune.stage import run
 from memprune.prune.store import list_store_files, open_store, plan_store, read_pruned

@@ -23,11 +23,21 @@ import pyarrow.compute as pc
 from memprune.encoders import EncoderActor
 from memprune.errors import MemPruneError
 from memprune.prune.config import PruneConfig, PruneError
-from memprune.prune.scoring import ROW, SORTKEY, TOKENS, check_scores, decide, group_keys_of, score_texts, with_outputs
+from memprune.prune.scoring import (
+    ROW,
+    SORTKEY,
+    TOKENS,
+    check_scores,
+    decide,
+    group_keys_of,
+    score_texts,
+    with_outputs,
+)
 from memprune.prune.stats import block_stats, empty_stats, merge_stats
 from memprune.prune.store import Plan, read_rows
 from memprune.runtime import ActorResources
 from memprune.tokens import token_counter
+
 
 def _make_datasource(plan: Plan, schema: pa.Schema, add_row: bool, sortkey: tuple[str, ...] | None) -> Any:
     """A Ray Data datasource that reads exactly the plan's blocks (group-aligned in contiguous mode)."""

@@ -29,7 +29,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"encoder {summary['scorer']['encoder']}).",
         f"Tokens: {summary['tokenizer']}. Grouping: {g['mode']} ({g['reason']}).",
         "",
-        *table([f"setting", f"bullets/{unit} before", "after", "reduction %", f"tokens/{unit} before", "after",
+        *table(["setting", f"bullets/{unit} before", "after", "reduction %", f"tokens/{unit} before", "after",
                 "reduction %", f"{unit}s emptied %"], rows),
         "",
         f"Rows in = rows out = {summary['output']['rows']}; store `{summary['output']['store']}`; "

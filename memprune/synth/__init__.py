@@ -11,7 +11,13 @@
 from __future__ import annotations
 
 from memprune.synth.config import SynthConfig, SynthSettings
-from memprune.synth.generator import GENERATOR_VERSION, SynthBullet, SynthConversation, conversation_id, synth_conversation
+from memprune.synth.generator import (
+    GENERATOR_VERSION,
+    SynthBullet,
+    SynthConversation,
+    conversation_id,
+    synth_conversation,
+)
 from memprune.synth.stage import generate, run
 
 __all__ = [

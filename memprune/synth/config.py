@@ -10,11 +10,11 @@ from memprune.synth.vocabulary import ONEOFF_ITEMS
 
 
 class SynthSettings(BaseModel):
-    """What to generate; the pipeline's synthetic `corpus:` section. Same settings, byte-identical files."""
+    """What to generate (the pipeline's synthetic `corpus:` section too). Same settings, byte-identical files."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    conversations: int = Field(60, description="number of conversations")
+    conversations: int = Field(100, description="number of conversations")
     sessions: int = Field(4, description="sessions per conversation")
     seed: int = Field(0, description="generator seed: same seed, same corpus")
     facts_per_speaker: int = Field(6, description="durable facts in each speaker's persona (1..20)")

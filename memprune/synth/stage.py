@@ -14,7 +14,11 @@ import pyarrow as pa
 from memprune.io import TableSink, write_json
 from memprune.schema import SESSIONS, SYNTH_BULLETS
 from memprune.synth.config import SynthConfig, SynthSettings
-from memprune.synth.generator import GENERATOR_VERSION, SynthConversation, synth_conversation
+from memprune.synth.generator import (
+    GENERATOR_VERSION,
+    SynthConversation,
+    synth_conversation,
+)
 
 
 def _offsets(lengths: list[int]) -> pa.Array:

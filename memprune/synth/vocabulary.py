@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-
 SPEAKER_NAMES = (
     "Nora Ethan Priya Marcus Sofia Kenji Amara Lucas Ingrid Diego Hana Tobias Leila Owen Mei Rafael "
     "Zoe Anders Yara Felix Imani Mateo Chloe Arjun Freya Omar Elena Jonah Ayla Theo Nadia Caleb Ines "

@@ -13,12 +13,23 @@
 from __future__ import annotations
 
 from memprune.train.checkpoint import optimizer_state, optimizer_tensors
-from memprune.train.config import LossConfig, OptimConfig, TrainConfig, TrainError, TrainSettings
+from memprune.train.config import (
+    LossConfig,
+    OptimConfig,
+    TrainConfig,
+    TrainError,
+    TrainSettings,
+)
 from memprune.train.data import prepare_data
 from memprune.train.loop import session_batches
 from memprune.train.loss import batch_loss, combine_parts, listwise_kl
 from memprune.train.recipe import run
-from memprune.train.splits import SplitConfig, SplitError, split_conversations, split_counts
+from memprune.train.splits import (
+    SplitConfig,
+    SplitError,
+    split_conversations,
+    split_counts,
+)
 from memprune.train.trainer import PREDICTIONS
 
 run_training = run

@@ -14,7 +14,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from memprune.errors import MemPruneError
-from memprune.scorer import DEFAULT_ENCODER, HeadSettings, LoraSettings, ScorerConfig, canonical_encoder
+from memprune.scorer import (
+    DEFAULT_ENCODER,
+    HeadSettings,
+    LoraSettings,
+    ScorerConfig,
+    canonical_encoder,
+)
 from memprune.train.splits import SplitConfig
 
 STAGES = ("vanilla", "stage1", "stage2")

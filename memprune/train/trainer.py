@@ -119,7 +119,13 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: str
          ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """One TorchTrainer for a trained (stage, seed): (best weights, loop state, Ray facts for train.json)."""
     import torch
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import (
+        CheckpointConfig,
+        DataConfig,
+        FailureConfig,
+        RunConfig,
+        ScalingConfig,
+    )
     from ray.train.torch import TorchTrainer
 
     from memprune.train import checkpoint
