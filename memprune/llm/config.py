@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from memprune.config import ConfigError, merge, parse_overrides, read_yaml, validate
+from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, read_yaml, validate
 
 Engine = Literal["vllm", "http", "hf"]
 Task = Literal["judge", "summarize", "reply"]
@@ -24,10 +24,8 @@ Task = Literal["judge", "summarize", "reply"]
 DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96}
 
 
-class Sampling(BaseModel):
+class Sampling(ConfigModel):
     """Decoding settings. Attempt 1 uses `temperature`/`seed`; retries use `retry_*`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     temperature: float = Field(0.0, ge=0.0, description="Temperature of the first attempt (0 = greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -67,10 +65,10 @@ class Sampling(BaseModel):
         return self.seed + attempt - 1
 
 
-class LLMConfig(BaseModel):
+class LLMConfig(ConfigModel):
     """Which engine, which model, how to decode and how to spread the work over Ray."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())
 
     engine: Engine = Field(..., description="vllm (ray.data.llm + vLLM), http (OpenAI-compatible) or hf (transformers).")
     model: str = Field(..., description="Local model directory or hub id (http: the served model name).")
