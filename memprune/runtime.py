@@ -196,7 +196,8 @@ def run_job(name: str, model: type[M], fn: Callable[[M], dict[str, Any]], argv: 
         error = user_error(exc) or (exc if isinstance(exc, FileNotFoundError) else None)
         if error is None:
             raise
-        print(f"error: {one_line(error)} (details: {log_exception(exc, name)})", file=sys.stderr)
+        details = f" (details: {log_exception(exc, name)})" if error is not exc else ""
+        print(f"error: {one_line(error)}{details}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

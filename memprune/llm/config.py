@@ -108,6 +108,7 @@ class LLMConfig(ConfigModel):
     api_key_env: str | None = Field(None, description="http: name of the environment variable holding the API key.")
     qps: int | None = Field(None, ge=1, description="http: requests per second per worker (None: no limit).")
     http_retries: int = Field(3, ge=0, description="http: retries of failed requests (429/5xx/timeouts), with backoff.")
+    http_retry_wait_s: float = Field(1.0, gt=0, description="http: the first backoff wait; it doubles with each retry.")
     response_format: Literal["json_schema", "json_object", "none"] = Field(
         "json_schema", description="http: response_format sent when structured_output is on.")
 
