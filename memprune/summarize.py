@@ -128,6 +128,7 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
         raise SummarizeError(f"{data}: no sessions.parquet here (is it a `memprune ingest` output directory?)")
     if out.resolve() == data.resolve():
         raise SummarizeError(f"{out}: the output directory must differ from the data directory")
+    llm.check_model()
     started = time.perf_counter()
     sessions = read_table(sessions_path, "sessions")
     if limit is not None:

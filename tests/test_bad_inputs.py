@@ -166,6 +166,8 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
         ("summarize-out-is-data", ["summarize", "--data", corpus, "--out", corpus, "--llm-config", llm], "differ",
          corpus),
         ("summarize-no-llm", ["summarize", "--data", corpus, "--out", o], "llm_config", o),
+        ("summarize-no-model", ["summarize", "--data", corpus, "--out", o, "--llm-config", llm], "/nonexistent-model", o),
+        ("label-no-model", [*label, "--judge", "llm", "--llm-config", llm], "/nonexistent-model", o),
         # label
         ("label-missing-data", ["label", "--data", str(r / "missing"), "--out", o], "missing", o),
         ("label-dir-table", ["label", "--data", str(t["sessions-dir"]), "--out", o], "not a file", o),

@@ -203,6 +203,7 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
             raise DialogueError(f"{data}: no {name}.parquet here (give a `memprune ingest`/`summarize` output directory)")
     llm = cfg.llm_settings()
     load_template(llm.prompt_name("reply"), "reply")
+    llm.check_model()
     sessions = read_table(data / "sessions.parquet", "sessions")
     bullets = read_table(data / "bullets.parquet", "bullets")
     by_session = bullets_by_session(bullets)

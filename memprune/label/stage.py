@@ -92,6 +92,7 @@ def run_judge(cfg: LabelConfig) -> dict[str, Any]:
         from memprune.label.llm_judge import LLMJudge
 
         llm_config = cfg.llm_settings()
+        llm_config.check_model()
         judge = LLMJudge(llm_config)
         settings = {"llm": llm_config.model_dump(mode="json")}
 

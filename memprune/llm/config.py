@@ -139,6 +139,25 @@ class LLMConfig(ConfigModel):
             raise ValueError("tensor_parallel_size > 1 needs engine vllm on accelerator gpu")
         return self
 
+    def check_model(self) -> None:
+        """Fail fast, before any engine starts, when a local engine's model cannot be found.
+
+        A path must exist; a hub id must be in the local cache when HF_HUB_OFFLINE is set. The http
+        engine only sends the name to its server, so nothing is checked for it.
+        """
+        if self.engine == "http":
+            return
+        if self.model.startswith(("/", "./", "../", "~")) or Path(self.model).is_absolute():
+            if not Path(self.model).expanduser().exists():
+                raise ConfigError(f"model: {self.model}: no such model directory")
+            return
+        if os.environ.get("HF_HUB_OFFLINE"):
+            from huggingface_hub import try_to_load_from_cache
+
+            if not isinstance(try_to_load_from_cache(self.model, "config.json"), str):
+                raise ConfigError(f"model: {self.model!r} is neither a local directory nor in the Hugging Face cache, "
+                                  "and HF_HUB_OFFLINE is set (nothing can be downloaded)")
+
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], overrides: list[str] | None = None) -> "LLMConfig":
         """Read a YAML config and apply `key=value` overrides; errors name the file and the key."""

@@ -281,6 +281,7 @@ def run_llm(ds: Any, config: LLMConfig, task: Literal["judge", "summarize", "rep
     if task not in TASK_INPUTS:
         raise ValueError(f"unknown task {task!r}; expected 'judge', 'summarize' or 'reply'")
     load_template(config.prompt_name(task), task)  # fail fast on a bad template
+    config.check_model()  # and on a model that is not there, before an engine starts
     names, passthrough = _passthrough_schema(ds, task, keep_inputs)
     check_columns(names, task)
     prepared = ds.map_batches(_Prepare(config, task, keep_inputs), batch_format="pyarrow").materialize()
