@@ -196,7 +196,7 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
     cpu0 = mem.cpu_snapshot()
     cfg = PruneConfig(scorer=a["scorer"], input=a["store"], out=a["out"], batch_size=a["batch_size"],
                       block_rows=a["block_rows"], actors=a.get("actors"), actor_cpus=a.get("actor_cpus", 1.0),
-                      limit_rows=a.get("limit_rows"), progress=False)
+                      limit_rows=a.get("limit_rows"), precision=a.get("precision", "auto"), progress=False)
     summary = run_prune(cfg)
     peak = mem.stop()
     cpu_s = sum(v - cpu0.get(pid, 0.0) for pid, v in mem.cpu.items())
@@ -207,7 +207,8 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
         "rows": summary["input"]["rows"], "store_rows": summary["input"]["rows_in_files"], "groups": summary["groups"],
         "mode": summary["grouping"]["mode"], "blocks": summary["grouping"]["blocks"],
         "actors": summary["resources"]["actors"], "threads_per_actor": summary["resources"]["threads_per_actor"],
-        "ray_init_s": round(init_s, 2), "scan_s": t["scan_s"], "pipeline_s": t["pipeline_s"], "total_s": t["total_s"],
+        "ray_init_s": round(init_s, 2), "scan_s": t["scan_s"], "pipeline_s": t["pipeline_s"], "total_s": t["wall_s"],
+        "compute_s": t["compute_s"], "overhead_share": t["overhead_share"],
         "bullets_per_s": t["bullets_per_s"],
         "full_store_scan_s": round(full_scan.scan_s, 3) if full_scan else t["scan_s"],
         "peak_tree_pss_mib": round(peak / 2**20, 1), "memory_samples": mem.samples,
@@ -223,7 +224,8 @@ def child_raw(a: dict[str, Any]) -> dict[str, Any]:
     """The scorer's forward pass over the same bullets in a plain loop (no Ray), 1 thread and all threads.
 
     "sorted" is the job's own scoring helper per block (each distinct text once, length order);
-    "plain" is `Scorer.score` in input order. CPU ms per bullet come from process time.
+    "plain" is `Scorer.score` in input order. CPU ms per bullet come from process time. Then the
+    sorted helper at each other precision (all threads), and on a GPU the raw bf16 loop.
     """
     import pyarrow.parquet as pq
     import torch
@@ -237,7 +239,7 @@ def child_raw(a: dict[str, Any]) -> dict[str, Any]:
         if len(texts) >= a["rows"]:
             break
     texts = texts[: a["rows"]]
-    scorer = Scorer.load(a["scorer"])
+    scorer = Scorer.load(a["scorer"], precision="fp32")
     block, bs = a["block_rows"], a["batch_size"]
     out: dict[str, Any] = {"rows": len(texts)}
     variants = {"sorted": lambda c: score_texts(scorer, c, bs), "plain": lambda c: scorer.score(c, batch_size=bs)}
@@ -252,6 +254,20 @@ def child_raw(a: dict[str, Any]) -> dict[str, Any]:
             out[f"{name}_{threads}t_bullets_per_s"] = round(len(texts) / wall, 1)
             out[f"{name}_{threads}t_cpu_ms_per_bullet"] = round(1000 * (time.process_time() - cpu) / len(texts), 3)
     out["threads_all"] = os.cpu_count() or 1
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    scorer.to(device)
+    for precision in a["precisions"]:
+        scorer.precision = precision
+        score_texts(scorer, texts[:bs], bs)  # warm-up
+        t = time.perf_counter()
+        for i in range(0, len(texts), block):
+            score_texts(scorer, texts[i : i + block], bs)
+        out[f"sorted_{precision}_{device}_bullets_per_s"] = round(len(texts) / (time.perf_counter() - t), 1)
+    if device == "cuda":
+        from raw_loop import raw_bf16_bullets_per_s
+
+        out["raw_bf16_loop_bullets_per_s"] = round(raw_bf16_bullets_per_s(
+            scorer.config.encoder, texts, bs, scorer.config.max_length), 1)
     return out
 
 
@@ -281,6 +297,29 @@ def child_inproc(a: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ main
 
 
+def _row(enc: str, precision: str, job: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """One report row: the job at one precision against the raw loops."""
+    n_all = raw["threads_all"]
+    gpu = "raw_bf16_loop_bullets_per_s" in raw
+    if gpu:  # the reference on a GPU: the raw length-sorted bf16 forward loop
+        limit = raw["raw_bf16_loop_bullets_per_s"]
+    elif precision == "fp32":
+        # The physical limit: every core busy with the forward pass, in the better of the two layouts
+        # (one process with all threads, or `cores` independent single-thread loops).
+        cores = min(job["actors"] * job["threads_per_actor"], n_all)
+        limit = max(raw[f"sorted_{n_all}t_bullets_per_s"], cores * raw["sorted_1t_bullets_per_s"])
+    else:
+        limit = raw[f"sorted_{precision}_cpu_bullets_per_s"]
+    row = {"encoder": enc, "precision": precision, "store_bullets": job["store_rows"], "job_rows": job["rows"], **job,
+           "raw": raw, "limit": "raw bf16 loop" if gpu else f"raw {precision} loop", "limit_bullets_per_s": limit,
+           "ratio": round(job["bullets_per_s"] / limit, 3),
+           "ratio_vs_plain_all_threads": round(job["bullets_per_s"] / raw[f"plain_{n_all}t_bullets_per_s"], 3),
+           "load_avg_1m_after": round(os.getloadavg()[0], 2)}
+    if job["rows"] < job["store_rows"]:
+        row["extrapolated_full_s"] = round(job["full_store_scan_s"] + job["store_rows"] / job["bullets_per_s"], 1)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bullets", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -292,6 +331,8 @@ def main() -> None:
     parser.add_argument("--block-rows", type=int, default=2048)
     parser.add_argument("--actors", type=int, default=None)
     parser.add_argument("--actor-cpus", type=float, default=1.0)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
+                        help="a job per precision (bf16/fp16: autocast over fp32 weights)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/memprune-prune-bench"))
     parser.add_argument("--json", type=Path, default=None, help="report file (default OUT/prune_bench.json)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -311,22 +352,15 @@ def main() -> None:
             limit = args.limit_rows if enc == "minilm" else None
             base = {"scorer": str(scorer), "store": str(store), "batch_size": args.batch_size,
                     "block_rows": args.block_rows}
-            job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}"), "limit_rows": limit,
-                                    "actors": args.actors, "actor_cpus": args.actor_cpus})
-            raw = run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"])})
-            n_all = raw["threads_all"]
-            cores = min(job["actors"] * job["threads_per_actor"], n_all)
-            # The physical limit: every core busy with the forward pass, in the better of the two layouts
-            # (one process with all threads, or `cores` independent single-thread loops).
-            limit = max(raw[f"sorted_{n_all}t_bullets_per_s"], cores * raw["sorted_1t_bullets_per_s"])
-            row = {"encoder": enc, "store_bullets": job["store_rows"], "job_rows": job["rows"], **job, "raw": raw,
-                   "limit_bullets_per_s": round(limit, 1), "ratio": round(job["bullets_per_s"] / limit, 3),
-                   "ratio_vs_plain_all_threads": round(job["bullets_per_s"] / raw[f"plain_{n_all}t_bullets_per_s"], 3),
-                   "load_avg_1m_after": round(os.getloadavg()[0], 2)}
-            if job["rows"] < job["store_rows"]:
-                row["extrapolated_full_s"] = round(job["full_store_scan_s"] + job["store_rows"] / job["bullets_per_s"], 1)
-            rows_out.append(row)
-            print(json.dumps(row), file=sys.stderr)
+            raw = None
+            for precision in args.precisions:
+                job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}"),
+                                        "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
+                                        "precision": precision})
+                raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
+                                               "precisions": args.precisions})
+                rows_out.append(_row(enc, precision, job, raw))
+                print(json.dumps(rows_out[-1]), file=sys.stderr)
     inproc = {enc: run_child("inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
                                          "n": 10, "calls": 50}) for enc, sc in scorers.items()}
     report = {"cpus": os.cpu_count(), "load_avg_1m_at_start": round(load, 2), "batch_size": args.batch_size,
@@ -335,13 +369,14 @@ def main() -> None:
     json_path.write_text(json.dumps(report, indent=2))
     print(f"\nprune benchmark ({os.cpu_count()} CPUs, batch {args.batch_size}, block {args.block_rows} rows; "
           f"load average at start {load:.1f})")
-    header = ("encoder", "store", "job rows", "job b/s", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
-              "job/limit", "peak tree MiB", "pipeline s", "actor load s (sum)", "forward s (sum)", "scan s (full store)")
+    header = ("encoder", "precision", "store", "job rows", "job b/s", "overhead share", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
+              "job/limit (limit: raw loop at that precision; GPU: raw bf16 loop)", "peak tree MiB", "pipeline s", "actor load s (sum)", "forward s (sum)", "scan s (full store)")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows_out:
         n_all, w = r["raw"]["threads_all"], r["work"]
-        print(f"| {r['encoder']} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
+        print(f"| {r['encoder']} | {r['precision']} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
+              f"{r['overhead_share']} | "
               f"{r['raw']['sorted_1t_bullets_per_s']} | {r['raw'][f'sorted_{n_all}t_bullets_per_s']} | "
               f"{r['limit_bullets_per_s']} | {r['ratio']} | {r['peak_tree_pss_mib']} | {r['pipeline_s']} | "
               f"{w.get('actor_load_s')} | {w.get('score_s')} | {r['full_store_scan_s']} |")

@@ -1,4 +1,4 @@
-"""Benchmark: stage-1 epoch time against one encoder pass over the same bullets, and stage-2 epoch time.
+"""Benchmark: stage-1 epoch time against one encoder pass over the same bullets, and stage-2 epoch time, per precision.
 
 Stage 1 trains only the head on cached embeddings, so one epoch should cost a tiny
 fraction of one encoder pass; stage 2 runs the encoder (with LoRA) forward and backward.
@@ -6,8 +6,10 @@ fraction of one encoder pass; stage 2 runs the encoder (with LoRA) forward and b
     python bench/train_bench.py                          # synthetic corpus, 200 conversations x 4 sessions
     python bench/train_bench.py --data /tmp/msc --labels /tmp/msc-labels --threads 2
 
-Prints a table and a JSON line. Everything runs through `memprune.train.run_training`
-in local mode (the TorchTrainer runs in-process, no worker start-up in the timings).
+Prints a table (one row per `--precisions` value; on a GPU with the encoder pass's ratio to a raw
+length-sorted bf16 forward loop, `bench/raw_loop.py`) and a JSON line. Everything runs through `memprune.train.run_training`
+in local mode on a CPU (the TorchTrainer runs in-process, no worker start-up in the timings), on one
+Ray Train worker on a GPU.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def main() -> int:
     ap.add_argument("--stage1-epochs", type=int, default=10)
     ap.add_argument("--stage2-epochs", type=int, default=1)
     ap.add_argument("--out", type=Path, help="keep the run here (default: a temp dir)")
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
+                    help="one training run and encoder pass per precision (bf16/fp16: autocast over fp32 weights)")
     args = ap.parse_args()
 
     import pyarrow.compute as pc
@@ -82,51 +86,69 @@ def main() -> int:
             # no early stop: every requested epoch runs
             "stage1": {"epochs": args.stage1_epochs, "lr": 1e-3, "batch_size": 64, "patience": args.stage1_epochs},
             "stage2": {"epochs": args.stage2_epochs, "lr": 3e-4, "batch_size": 32, "patience": args.stage2_epochs},
-            "ray": {"num_workers": 0, "cpus_per_worker": args.threads},
+            # on a GPU one Ray Train worker holds it (local mode trains on the CPU)
+            "ray": {"num_workers": 1 if torch.cuda.is_available() else 0, "cpus_per_worker": args.threads},
             "embed": {"actors": 1, "cpus_per_actor": args.threads},
         }
     )
-    run = run_training(cfg)
-    s1 = json.loads((out / "stage1" / "seed0" / "train.json").read_text())
-    s2 = json.loads((out / "stage2" / "seed0" / "train.json").read_text())
-    n_train = s1["n_bullets"]["train"]
-
-    # one encoder pass over the same (train) bullets, same threads, same max_length, in-process
     from memprune.rejects import Ledger
     from memprune.train import prepare_data
 
     table, _ = prepare_data(cfg, Ledger())
     texts = table.filter(pc.equal(table.column("split"), "train")).column("text").to_pylist()
+    n_train = len(texts)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(args.threads)
-    scorer = Scorer.build(ScorerConfig(max_length=args.max_length), seed=0)
-    scorer.embed(texts[:64])  # warm-up
-    t0 = time.perf_counter()
-    scorer.embed(texts, batch_size=128)
-    encoder_s = time.perf_counter() - t0
+    results: list[dict[str, object]] = []
+    for precision in args.precisions:
+        run = run_training(cfg.model_copy(update={"out": out / precision, "precision": precision}))
+        s1 = json.loads((out / precision / "stage1" / "seed0" / "train.json").read_text())
+        s2 = json.loads((out / precision / "stage2" / "seed0" / "train.json").read_text())
+        # one encoder pass over the same (train) bullets, same threads, same max_length, in-process
+        scorer = Scorer.build(ScorerConfig(max_length=args.max_length), seed=0).to(device)
+        scorer.precision = precision
+        scorer.embed(texts[:64])  # warm-up
+        t0 = time.perf_counter()
+        scorer.embed(texts, batch_size=128)
+        encoder_s = time.perf_counter() - t0
+        s1_times = [e["epoch_s"] for e in s1["epochs"]]
+        s2_epoch = statistics.median(e["epoch_s"] for e in s2["epochs"])
+        results.append({
+            "precision": precision,
+            "device": device,
+            "train_bullets": n_train,
+            "encoder_pass_s": round(encoder_s, 3),
+            "encoder_bullets_per_s": round(n_train / encoder_s, 1),
+            "stage1_epoch_s": round(statistics.median(s1_times), 4),
+            "stage1_epoch_over_encoder_pass": round(statistics.median(s1_times) / encoder_s, 5),
+            "stage1_epoch_min_s": round(min(s1_times), 4),
+            "stage2_epoch_s": round(s2_epoch, 3),
+            "stage2_bullets_per_s": round(n_train / s2_epoch, 1),
+            "stage2_epoch_over_encoder_pass": round(s2_epoch / encoder_s, 3),
+            "embedding_cache_s": (run.get("embeddings") or {}).get("seconds"),
+            "run_timing": run["timing"],
+        })
+    raw = None
+    if device == "cuda":
+        from raw_loop import raw_bf16_bullets_per_s
 
-    s1_times = [e["epoch_s"] for e in s1["epochs"]]
-    s1_epoch, s1_min = statistics.median(s1_times), min(s1_times)
-    s2_epoch = statistics.median(e["epoch_s"] for e in s2["epochs"])
-    result = {
-        "train_bullets": n_train,
-        "threads": args.threads,
-        "max_length": args.max_length,
-        "encoder_pass_s": round(encoder_s, 3),
-        "stage1_epoch_s": round(s1_epoch, 4),
-        "stage1_epoch_over_encoder_pass": round(s1_epoch / encoder_s, 5),
-        "stage1_epoch_min_s": round(s1_min, 4),
-        "stage1_epoch_min_over_encoder_pass": round(s1_min / encoder_s, 5),
-        "stage2_epoch_s": round(s2_epoch, 3),
-        "stage2_epoch_over_encoder_pass": round(s2_epoch / encoder_s, 3),
-        "embedding_cache_s": (run.get("embeddings") or {}).get("seconds"),
-        "note": "epoch times include the validation pass; the stage-1 epochs read cached embeddings",
-    }
-    print(f"train bullets            {n_train}  (threads {args.threads}, max_length {args.max_length})")
-    print(f"encoder pass (embed)     {encoder_s:8.3f} s   {n_train / encoder_s:8.1f} bullets/s")
-    print(f"stage-1 epoch (median)   {s1_epoch:8.4f} s   ratio to encoder pass {s1_epoch / encoder_s:.5f}")
-    print(f"stage-1 epoch (min)      {s1_min:8.4f} s   ratio to encoder pass {s1_min / encoder_s:.5f}")
-    print(f"stage-2 epoch (median)   {s2_epoch:8.3f} s   ratio to encoder pass {s2_epoch / encoder_s:.3f}")
-    print(json.dumps(result))
+        raw = raw_bf16_bullets_per_s(cfg.encoder, texts, 128, args.max_length)
+        for r in results:
+            r["encoder_over_raw_bf16_loop"] = round(float(r["encoder_bullets_per_s"]) / raw, 3)  # type: ignore[arg-type]
+    print(f"train bullets {n_train}  (threads {args.threads}, max_length {args.max_length}, {device})")
+    print("| precision | encoder pass b/s | stage-1 epoch s (median) | stage-1 epoch / encoder pass "
+          "| stage-2 epoch s | stage-2 b/s | run overhead share |" + (" encoder / raw bf16 loop |" if raw else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if raw else ""))
+    for r in results:
+        print(f"| {r['precision']} | {r['encoder_bullets_per_s']} | {r['stage1_epoch_s']} | "
+              f"{r['stage1_epoch_over_encoder_pass']} | {r['stage2_epoch_s']} | {r['stage2_bullets_per_s']} | "
+              f"{r['run_timing']['overhead_share']} |"  # type: ignore[index]
+              + (f" {r['encoder_over_raw_bf16_loop']} |" if raw else ""))
+    if raw:
+        print(f"raw length-sorted bf16 forward loop: {raw:.1f} bullets/s")
+    print(json.dumps({"threads": args.threads, "max_length": args.max_length, "raw_bf16_loop_bullets_per_s": raw,
+                      "results": results,
+                      "note": "epoch times include the validation pass; the stage-1 epochs read cached embeddings"}))
     return 0
 
 

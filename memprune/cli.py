@@ -36,6 +36,28 @@ LLM_CONFIG = typer.Option(None, "--llm-config", help="YAML file of the LLM confi
 LLM_SET = typer.Option(None, "--llm-set", help="key=value override of the LLM config (repeatable).")
 
 
+_EXECUTABLE = False  # set by `main`, the `memprune` executable: only it configures the process's output
+
+
+@app.callback()
+def options(verbose: bool = typer.Option(False, "--verbose", "-v",
+                                         help="Show Ray's and the libraries' log lines and warnings (MEMPRUNE_LOG=debug "
+                                              "does the same); by default they go to a log file.")) -> None:
+    """memprune: keep the long-term memory of multi-session chatbots small and useful."""
+    from memprune.runtime import configure_output
+
+    if _EXECUTABLE:  # not when the app is called as a library (tests, notebooks)
+        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "memprune")
+        configure_output(verbose, command=command, native=True)
+
+
+def main() -> None:
+    """The `memprune` executable: the CLI app, quiet at the native level too (see `configure_output`)."""
+    global _EXECUTABLE
+    _EXECUTABLE = True
+    app()
+
+
 def fail(message: str) -> NoReturn:
     """Print one clear error line and exit with status 2."""
     console.print(f"[bold red]error:[/] {' '.join(message.split())}", highlight=False, soft_wrap=True)
@@ -352,18 +374,22 @@ def dialogue_eval(
 def quickstart(
     out: Path = typer.Option(Path("runs/quickstart"), "--out", "-o", help="Output directory."),
     data: Optional[str] = typer.Option(None, "--data", help="A real corpus as FORMAT:PATH (msc:, locomo:, jsonl:); default: synthetic."),
+    set_: Optional[list[str]] = SET,
 ) -> None:
-    """The whole method locally: corpus -> labels -> train (3 stages x 3 seeds) -> evaluate -> prune."""
+    """The whole method locally: corpus -> labels -> train (3 stages x 3 seeds) -> evaluate -> prune.
+
+    `--set` changes the pipeline config, e.g. `--set train.seeds=[0] --set corpus.conversations=20`.
+    """
     from rich.markdown import Markdown
 
     from memprune.pipeline import headline, quickstart_config, run
 
     with user_errors("quickstart"):
-        summary = run(quickstart_config(str(out), data))
+        summary = run(quickstart_config(str(out), data, set_))
     console.rule("[bold]memprune quickstart: done")
     console.print(Markdown(headline(Path(summary["report"]).parent)))
     console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    main()

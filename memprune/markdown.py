@@ -55,3 +55,10 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 def key_values(rows: Sequence[tuple[str, Any]]) -> list[str]:
     """A two-column `| what | value |` table (numbers through `fmt`)."""
     return table(["what", "value"], [(k, v if isinstance(v, str) else fmt(v)) for k, v in rows])
+
+
+def time_line(timing: dict[str, Any]) -> str:
+    """One line from a `memprune.timing.time_split` block: compute versus overhead."""
+    share = timing.get("overhead_share")
+    return (f"compute {timing['compute_s']:.1f} s, overhead {timing['overhead_s']:.1f} s"
+            + (f" ({share:.0%} of the wall time)" if share is not None else ""))

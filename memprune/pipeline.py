@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from rich.console import Console
 
-from memprune.config import ConfigError, ConfigModel
+from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
 from memprune.evaluate.config import EvalSettings
 from memprune.io import write_json
 from memprune.label.config import LabelSettings
@@ -183,15 +183,16 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
     return summary
 
 
-def quickstart_config(out: str, data: str | None = None) -> PipelineConfig:
-    """The quickstart: the local pipeline on a synthetic corpus, or on `data` given as FORMAT:PATH."""
+def quickstart_config(out: str, data: str | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """The quickstart: the local pipeline on a synthetic corpus, or on `data` given as FORMAT:PATH;
+    `overrides` are `key=value` items (the CLI's --set) over its settings."""
     corpus = CorpusSpec()
     if data:
         fmt, sep, path = data.partition(":")
         if not sep or fmt not in ("msc", "locomo", "jsonl"):
             raise ConfigError(f"--data must be FORMAT:PATH with FORMAT msc, locomo or jsonl, got {data!r}")
         corpus = CorpusSpec(format=fmt, input=path, split="valid" if fmt == "msc" else None)
-    return PipelineConfig.model_validate({
+    return validate(PipelineConfig, merge({
         "out": out,
         "corpus": corpus.model_dump(),
         "label": {"judge": "similarity"},
@@ -199,7 +200,7 @@ def quickstart_config(out: str, data: str | None = None) -> PipelineConfig:
                   "stage1": {"epochs": 40, "lr": 0.003, "batch_size": 64, "patience": 5},
                   "stage2": {"epochs": 2, "lr": 0.0005, "batch_size": 32, "patience": 1},
                   "ray": {"num_workers": 1, "cpus_per_worker": 1}},
-    })
+    }, parse_overrides(overrides)), "quickstart --set")
 
 
 def headline(report_dir: str | Path) -> str:

@@ -5,18 +5,21 @@
 - `plan_actors`: the size and per-actor requests of an encoder actor pool.
 - `check_resources`: a request that a fixed-size cluster can never place is an error up front.
 - `user_error`: the memprune error behind a failed Ray task or actor, as one line.
+- `configure_output`: quiet by default: dependency warnings and Ray's INFO chatter go to a log file.
 - `run_job`: the shared body of every `jobs/<stage>.py`: config + overrides -> `run(cfg)` -> JSON.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,69 @@ from memprune.errors import MemPruneError
 M = TypeVar("M", bound=BaseModel)
 _EMBEDDED = False  # this process started its own local Ray: a fixed-size cluster
 GpuSetting = bool | Literal["auto"]
+
+
+# Worker-side settings of the quiet mode: no download/loading bars from Hugging Face, no advisory warnings.
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+_VERBOSE = False
+_LOG_FILE: Path | None = None
+
+
+def log_dir() -> Path:
+    """Where memprune writes its log files: MEMPRUNE_LOG_DIR, else a directory in the system temp dir."""
+    root = Path(os.environ.get("MEMPRUNE_LOG_DIR") or Path(tempfile.gettempdir()) / "memprune-logs")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def configure_output(verbose: bool | None = None, command: str = "memprune", native: bool = False) -> Path | None:
+    """Quiet by default: progress bars and memprune's own lines stay on the terminal; Python warnings from
+    dependencies, Ray's INFO lines and its workers' start-up chatter go to a log file (returned).
+
+    `verbose` (the CLI's --verbose, or MEMPRUNE_LOG=debug) shows everything, as Ray and the libraries print it.
+    With `native` (the `memprune` executable), what native code writes to file descriptor 2 (Ray's C++ log
+    lines, and every process Ray starts) goes to the log file too; Python's own stderr stays on the terminal.
+    """
+    global _VERBOSE, _LOG_FILE
+    if _LOG_FILE is not None:  # once per process
+        return _LOG_FILE
+    _VERBOSE = bool(verbose) or os.environ.get("MEMPRUNE_LOG", "").lower() in ("debug", "info", "verbose")
+    if _VERBOSE:
+        logging.basicConfig(level=logging.DEBUG if os.environ.get("MEMPRUNE_LOG") == "debug" else logging.INFO)
+        return None
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    path = log_dir() / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)  # warnings -> the "py.warnings" logger -> the log file, not the terminal
+    warnings.simplefilter("default")
+    _quiet_ray_data()
+    if native:
+        terminal = os.dup(2)
+        log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        sys.stderr = os.fdopen(terminal, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace")
+    _LOG_FILE = path
+    return path
+
+
+def _quiet_ray_data() -> None:
+    """Ray Data logs every dataset's start and progress at INFO on the console: keep warnings only there."""
+    if _VERBOSE:
+        return
+    try:
+        import ray.data  # noqa: F401  (configures the "ray.data" logger)
+    except ImportError:  # pragma: no cover
+        return
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.WARNING)
 
 
 def ensure_ray(address: str | None = None) -> None:
@@ -45,8 +111,11 @@ def ensure_ray(address: str | None = None) -> None:
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     target = address or os.environ.get("RAY_ADDRESS") or "local"
-    ray.init(address=target, include_dashboard=False, configure_logging=False)
+    quiet = {} if _VERBOSE else {"log_to_driver": False, "logging_level": logging.WARNING,
+                                 "runtime_env": {"env_vars": QUIET_ENV}}
+    ray.init(address=target, include_dashboard=False, configure_logging=False, **quiet)
     _EMBEDDED = target == "local"
+    _quiet_ray_data()
 
 
 def check_resources(requests: Mapping[str, Mapping[str, float]], cluster: Mapping[str, float] | None = None,
@@ -108,10 +177,8 @@ def _memprune_error_names() -> set[str]:
 
 
 def log_exception(exc: BaseException, command: str) -> Path:
-    """Write the full traceback of `exc` to a log file (MEMPRUNE_LOG_DIR, default a temp dir); return its path."""
-    root = Path(os.environ.get("MEMPRUNE_LOG_DIR") or Path(tempfile.gettempdir()) / "memprune-logs")
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    """Write the full traceback of `exc` to a log file (see `log_dir`); return its path."""
+    path = log_dir() / f"{command}-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
     return path
 
@@ -185,6 +252,7 @@ def run_job(name: str, model: type[M], fn: Callable[[M], dict[str, Any]], argv: 
     from memprune.config import load_config
 
     argv = sys.argv[1:] if argv is None else argv
+    configure_output(command=name)
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE.format(name=name))
         print(json.dumps(model.model_json_schema(), indent=2))

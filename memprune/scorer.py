@@ -40,6 +40,7 @@ from memprune.encoders import (  # noqa: F401  (DEFAULT_ENCODER and the resolver
 )
 from memprune.errors import MemPruneError
 from memprune.io import atomic_path, jsonable, write_json
+from memprune.precision import Precision, autocast, resolve_precision
 
 SCORER_FORMAT = 1
 
@@ -170,6 +171,7 @@ class Scorer(nn.Module):
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.head = head
+        self.precision: Precision = "auto"  # of the encoder's passes: see memprune.precision
 
     # ------------------------------------------------------------- construction
 
@@ -227,9 +229,11 @@ class Scorer(nn.Module):
         return {k: v.to(device) for k, v in keep.items()} if device is not None else keep
 
     def embed_tokens(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
-        """Mean-pooled (optionally L2-normalised) sentence embeddings of a tokenized batch."""
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **extra)
-        pooled = mean_pool(out.last_hidden_state, attention_mask)
+        """Mean-pooled (optionally L2-normalised) fp32 sentence embeddings of a tokenized batch; the encoder
+        runs at `self.precision`, the pooling (and the head after it) in fp32."""
+        with autocast(self.precision, input_ids.device):
+            out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        pooled = mean_pool(out.last_hidden_state.float(), attention_mask)
         if self.config.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
         return pooled
@@ -256,7 +260,7 @@ class Scorer(nn.Module):
         self.eval()
         try:
             chunks = [
-                self.embed_tokens(**self.tokenize(texts[i : i + batch_size], self.device)).float().cpu().numpy()
+                self.embed_tokens(**self.tokenize(texts[i : i + batch_size], self.device)).cpu().numpy()
                 for i in range(0, len(texts), batch_size)
             ]
         finally:
@@ -323,8 +327,10 @@ class Scorer(nn.Module):
         return save_artifact(path, self.config, self.head_state(), self.adapter_state() or None)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], device: str | torch.device | None = None) -> "Scorer":
-        """Load a saved scorer (any stage) from its artifact directory; safetensors and JSON only."""
+    def load(cls, path: str | os.PathLike[str], device: str | torch.device | None = None,
+             precision: Precision = "auto") -> "Scorer":
+        """Load a saved scorer (any stage) from its artifact directory; safetensors and JSON only.
+        `precision` is that of its forward passes (weights stay fp32)."""
         path = Path(path)
         config = read_scorer_config(path)
         head_weights = read_weights(path / "head.safetensors")
@@ -348,6 +354,8 @@ class Scorer(nn.Module):
         scorer.eval()
         if device is not None:
             scorer.to(device)
+        resolve_precision(precision, scorer.device)  # a bad value fails here, not at the first batch
+        scorer.precision = precision
         return scorer
 
 

@@ -9,7 +9,6 @@ range); unknown keys and options; broken scorer artifacts; resources the cluster
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[str, Path]:
     """Valid inputs to break: a corpus, labels, a scorer artifact, a run with predictions, an LLM config."""
-    from memprune.label import LabelConfig, run as label
+    from memprune.label import LabelConfig
+    from memprune.label import run as label
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.synth import generate
 

@@ -220,11 +220,11 @@ def _files(tmp_path, tables) -> list:
     return open_store(paths, None)[0]
 
 
-def _bullets(keys: list[tuple[str, int]]) -> pa.Table:
+def _bullets(keys: list[tuple[str, int]], first: int = 0) -> pa.Table:
     n = len(keys)
     return pa.table(
         {
-            "bullet_id": [f"b{i}" for i in range(n)],
+            "bullet_id": [f"b{i}" for i in range(first, first + n)],
             "conversation_id": [k[0] for k in keys],
             "session_index": pa.array([k[1] for k in keys], pa.int32()),
             "speaker": ["A"] * n,
@@ -237,7 +237,7 @@ def _bullets(keys: list[tuple[str, int]]) -> pa.Table:
 
 def test_plan_cuts_blocks_at_group_boundaries_across_files(tmp_path):
     keys = [("c1", 0)] * 4 + [("c1", 1)] * 3 + [("c2", 0)] * 5 + [("c2", 1)] * 2
-    files = _files(tmp_path, [_bullets(keys[:6]), _bullets(keys[6:])])  # ("c1", 1) spans both files
+    files = _files(tmp_path, [_bullets(keys[:6]), _bullets(keys[6:], first=6)])  # ("c1", 1) spans both files
     plan = plan_store(files, SESSION, block_rows=3)
     assert plan.contiguous and plan.mode == "contiguous" and plan.runs == 4 and plan.rows == 14
     assert plan.blocks == [(0, 4), (4, 7), (7, 12), (12, 14)]
@@ -277,8 +277,8 @@ def test_schema_mismatch_names_file_and_column(tmp_path, scorer_dir):
     good = _bullets([("c", 0)] * 3)
     cases = {
         "missing.parquet": (good.drop_columns(["text"]), r"missing\.parquet: column 'text' missing"),
-        "type.parquet": (good.set_column(2, "session_index", pa.array([0, 0, 0], pa.int64())),
-                         r"type\.parquet: column 'session_index' has type int64, expected int32"),
+        "type.parquet": (good.set_column(2, "session_index", pa.array(["0", "0", "0"])),
+                         r"type\.parquet: column 'session_index' has type string, expected int32"),
         "nulls.parquet": (good.set_column(4, "text", pa.array(["a", None, "c"])),
                           r"nulls\.parquet: column 'text' has 1 null value\(s\) in rows 0-2"),
     }
@@ -286,6 +286,9 @@ def test_schema_mismatch_names_file_and_column(tmp_path, scorer_dir):
         pq.write_table(table, tmp_path / name)
         with pytest.raises(PruneError, match=pattern):
             run_prune(_cfg(scorer_dir, tmp_path / name, tmp_path))
+    # an int64 session_index (pandas writes one) whose values fit is read as int32
+    pq.write_table(good.set_column(2, "session_index", pa.array([0, 0, 0], pa.int64())), tmp_path / "wide.parquet")
+    assert run_prune(_cfg(scorer_dir, tmp_path / "wide.parquet", tmp_path))["output"]["rows"] == 3
     d = tmp_path / "mixed"
     d.mkdir()
     pq.write_table(good, d / "a.parquet")

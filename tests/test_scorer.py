@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,3 +126,63 @@ def test_load_errors_name_the_problem(vanilla: Scorer, tmp_path: Path) -> None:
         Scorer.load(tmp_path / "w")
     with pytest.raises(ScorerError, match="cannot be loaded"):
         Scorer.build(ScorerConfig(encoder=str(tmp_path / "not-a-model")))
+
+
+# ----------------------------------------------------------------- precision
+
+
+@pytest.fixture(scope="module")
+def fitted(minilm_path: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Scorer, Any]:
+    """A scorer whose linear head is fitted (ridge, fp32 embeddings) to synthetic usefulness labels, so its
+    scores spread like a trained scorer's; with the bullets it scores."""
+    import pyarrow.parquet as pq
+
+    from memprune.synth import generate
+
+    out = tmp_path_factory.mktemp("precision")
+    generate(conversations=6, sessions=3, out=out, seed=1)
+    bullets = pq.read_table(out / "bullets.parquet").to_pandas()
+    scorer = Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0, "dropout": 0.0}), seed=3)
+    scorer.precision = "fp32"
+    emb = scorer.embed(bullets["text"].tolist())
+    y = np.clip(0.1 + 0.8 * bullets["recurs"].to_numpy(float), 0.05, 0.95)
+    x = np.c_[emb, np.ones(len(emb))]
+    w = np.linalg.solve(x.T @ x + np.eye(x.shape[1]), x.T @ np.log(y / (1 - y)))
+    with torch.no_grad():
+        scorer.head.net[1].weight.copy_(torch.tensor(w[:-1], dtype=torch.float32)[None])
+        scorer.head.net[1].bias.copy_(torch.tensor(w[-1:], dtype=torch.float32))
+    return scorer, bullets
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16_bit_scores_agree_with_fp32(fitted: tuple[Scorer, Any], precision: str) -> None:
+    """Stated tolerance: |score - fp32 score| <= 0.03 per bullet, and per session (the unit pruning ranks
+    in) Spearman >= 0.95 with fp32, >= 0.99 on average. Runs on the CPU; on CUDA it is the same autocast."""
+    from scipy.stats import spearmanr
+
+    from memprune.prune import MemoryPruner
+
+    scorer, bullets = fitted
+    texts = bullets["text"].tolist()
+    scorer.precision = "fp32"
+    exact = scorer.score(texts)
+    assert exact.std() > 0.15  # a spread like a trained scorer's, else ranks would be noise
+    half = MemoryPruner(scorer, precision=precision).score(texts)  # the live-session path sets it on the scorer
+    assert scorer.precision == precision and not np.array_equal(half, exact)  # it really ran in 16 bits
+    assert np.abs(half - exact).max() <= 0.03
+    rhos = [spearmanr(g["a"], g["b"]).statistic
+            for _, g in bullets.assign(a=exact, b=half).groupby(["conversation_id", "session_index"])]
+    assert min(rhos) >= 0.95 and np.mean(rhos) >= 0.99, (min(rhos), np.mean(rhos))
+    scorer.precision = "fp32"
+
+
+def test_precision_resolution() -> None:
+    from memprune.precision import autocast, resolve_precision
+
+    assert resolve_precision("auto", "cpu") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        resolve_precision("int8", "cpu")
+    with autocast("bf16", "cpu"):
+        assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.bfloat16
+    with autocast("auto", "cpu"):
+        assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.float32

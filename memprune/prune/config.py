@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, field_validator
 
 from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
+from memprune.precision import Precision
 from memprune.prune.rule import setting_name
 
 GroupBy = Literal["session", "conversation", "speaker"]
@@ -79,6 +80,9 @@ class PruneSettings(ConfigModel):
     use_gpu: bool | Literal["auto"] = "auto"
     io_cpus: float = Field(0.1, gt=0, description="Ray CPU request of each read/write/decide task")
     rows_per_file: int = Field(100_000, ge=1, description="minimum rows per output Parquet file")
+    precision: Precision = Field(
+        "auto", description="of the scorer's forward passes: fp32, bf16 or fp16 autocast over fp32 weights; "
+        "auto = bf16 on CUDA devices that support it, else fp32")
     sort_by_length: bool = Field(True, description="score texts in length order inside a block (less padding)")
     tokenizer: str = Field("encoder", description="token unit: encoder, whitespace, or a tokenizer.json (or its dir)")
     columns: list[str] | None = Field(None, description="extra input columns to carry; null = all")

@@ -36,6 +36,7 @@ from memprune.prune.scoring import (
 from memprune.prune.stats import block_stats, empty_stats, merge_stats
 from memprune.prune.store import Plan, read_rows
 from memprune.runtime import ActorResources
+from memprune.timing import busy_seconds, now
 from memprune.tokens import token_counter
 
 
@@ -108,10 +109,14 @@ class _Tally:
         self.hashes: list[np.ndarray] = []
         self.blocks = 0
         self.times: dict[str, float] = {}
+        self.spans: list[tuple[float, float]] = []
 
-    def add_time(self, times: dict[str, float]) -> None:
+    def add_time(self, times: dict[str, float], span: tuple[float, float] | None = None) -> None:
+        """Add seconds per kind of work, and the wall-clock interval of a block's compute."""
         for k, v in times.items():
             self.times[k] = self.times.get(k, 0.0) + v
+        if span is not None:
+            self.spans.append(span)
 
     def add(self, stats: dict[str, Any]) -> None:
         stats = dict(stats)
@@ -122,7 +127,7 @@ class _Tally:
     def result(self) -> dict[str, Any]:
         hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, dtype=np.int64)
         return {**self.stats, "split_groups": int(len(hashes) - len(np.unique(hashes))), "blocks": self.blocks,
-                "times": self.times}
+                "times": self.times, "compute_s": busy_seconds(self.spans)}
 
 
 
@@ -133,6 +138,7 @@ class ScoreSettings:
     scorer_path: str
     batch_size: int
     sort_by_length: bool
+    precision: str
     tokenizer: str
     keys: list[str]
     settings: list[tuple[float | None, int | None]]
@@ -152,7 +158,7 @@ class ScoreActor(EncoderActor):
 
         t0 = time.perf_counter()
         self.s = settings
-        self.scorer = Scorer.load(settings.scorer_path, device=device)
+        self.scorer = Scorer.load(settings.scorer_path, device=device, precision=settings.precision)  # type: ignore[arg-type]
         self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
         ray.get(settings.tally.add_time.remote({"actor_load_s": time.perf_counter() - t0, "actors_started": 1}))
 
@@ -160,7 +166,7 @@ class ScoreActor(EncoderActor):
         import ray
 
         s = self.s
-        t0 = time.perf_counter()
+        started, t0 = now(), time.perf_counter()
         texts = block.column("text").to_pylist()
         scores = score_texts(self.scorer, texts, s.batch_size, s.sort_by_length)
         check_scores(scores, block.column("bullet_id").to_pylist(), "prune")
@@ -169,7 +175,7 @@ class ScoreActor(EncoderActor):
         t2 = time.perf_counter()
         times = {"score_s": t1 - t0, "tokens_s": t2 - t1}
         if not s.decide_here:
-            ray.get(s.tally.add_time.remote(times))
+            ray.get(s.tally.add_time.remote(times, (started, now())))
             return block.append_column("score", pa.array(scores, pa.float64())).append_column(TOKENS, pa.array(tokens))
         groups = group_keys_of(block, s.keys)
         threshold, top_k = s.settings[0]
@@ -177,7 +183,7 @@ class ScoreActor(EncoderActor):
         stats = block_stats(groups, scores, tokens, s.settings)
         out = with_outputs(block, scores, keep)
         times["decide_s"] = time.perf_counter() - t2
-        ray.get(s.tally.add_time.remote(times))
+        ray.get(s.tally.add_time.remote(times, (started, now())))
         ray.get(s.tally.add.remote(stats))
         return out
 
@@ -196,11 +202,11 @@ def decide_sorted_block(
     order = block.column(ROW).to_numpy()
     groups = group_keys_of(block, keys)
     threshold, top_k = settings[0]
-    t0 = time.perf_counter()
+    started = now()
     keep = decide(scores, groups, threshold, top_k, order=order)
     stats = block_stats(groups, scores, tokens, settings, order=order)
     out = with_outputs(block, scores, keep)
-    ray.get(tally.add_time.remote({"decide_s": time.perf_counter() - t0}))
+    ray.get(tally.add_time.remote({"decide_s": now() - started}, (started, now())))
     ray.get(tally.add.remote(stats))
     return out
 
@@ -248,7 +254,7 @@ def run_pipeline(
             override_num_blocks=len(plan.blocks),  # no extra splitting of read outputs (it would cut groups)
         )
         score = ScoreSettings(str(Path(config.scorer).resolve()), config.batch_size, config.sort_by_length,
-                              config.tokenizer, list(keys), settings, not shuffle, tally)
+                              config.precision, config.tokenizer, list(keys), settings, not shuffle, tally)
         ds = ds.map_batches(**ScoreActor.map_kwargs(score, res, batch_size=None, batch_format="pyarrow",
                                                     blocks=len(plan.blocks)))
         if shuffle:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memprune.markdown import fmt, table
+from memprune.markdown import fmt, table, time_line
 from memprune.prune.rule import setting_name
 
 
@@ -33,6 +33,6 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 "reduction %", f"{unit}s emptied %"], rows),
         "",
         f"Rows in = rows out = {summary['output']['rows']}; store `{summary['output']['store']}`; "
-        f"{t['total_s']} s ({t['bullets_per_s']} bullets/s).",
+        f"{t['wall_s']} s ({t['bullets_per_s']} bullets/s); {time_line(t)}.",
         "",
     ])

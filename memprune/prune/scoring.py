@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from memprune.precision import Precision, resolve_precision
 from memprune.prune.config import PruneError, PruneRule
 from memprune.prune.rule import prune_mask
 
@@ -112,20 +113,25 @@ class MemoryPruner:
     (strings, or mappings with a 'text' key), drops scores below `threshold`, keeps the
     `top_k` best (ties: earlier bullet first) and returns the kept ones in input order.
     `scorer` is a loaded `Scorer` or an artifact directory; the rule is a `PruneRule` or its
-    fields as keywords (unset fields take the rule's defaults).
+    fields as keywords (unset fields take the rule's defaults). `precision` is that of the forward
+    passes (`auto`: bf16 on a CUDA device that supports it, else fp32).
     """
 
     def __init__(self, scorer: Any, rule: PruneRule | None = None, batch_size: int = 64, sort_by_length: bool = True,
-                 device: str | None = None, **rule_fields: Any) -> None:
+                 device: str | None = None, precision: Precision | None = None, **rule_fields: Any) -> None:
         from memprune.scorer import Scorer
 
         if rule is not None and rule_fields:
             raise PruneError(f"give a PruneRule or its fields, not both (got {sorted(rule_fields)})")
         self.rule = rule if rule is not None else PruneRule.of(**rule_fields)
         if isinstance(scorer, (str, os.PathLike)):
-            scorer = Scorer.load(scorer, device=device)
-        elif device is not None:
-            scorer = scorer.to(device)
+            scorer = Scorer.load(scorer, device=device, precision=precision or "auto")
+        else:
+            if device is not None:
+                scorer = scorer.to(device)
+            if precision is not None:  # else the loaded scorer's own
+                resolve_precision(precision, scorer.device)
+                scorer.precision = precision
         self.scorer = scorer
         self.batch_size = batch_size
         self.sort_by_length = sort_by_length

@@ -33,6 +33,7 @@ from memprune.prune.store import (
 )
 from memprune.runtime import ActorResources, ensure_ray, plan_actors
 from memprune.scorer import ScorerError, check_artifact
+from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
 
 PRUNE_FORMAT = 1
@@ -135,15 +136,17 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                    "max": stats["score_max"], "below_threshold": stats["below_threshold"]},
         "resources": None if res is None else {"actors": res.actors, "device": res.device, "threads_per_actor": res.threads,
                                                 "actor_cpu_request": res.cpus, "batch_size": config.batch_size,
-                                                "block_rows": block_rows},
-        "timing": {
-            "total_s": round(time.perf_counter() - started, 3), "scan_s": round(plan.scan_s, 3),
+                                                "block_rows": block_rows, "precision": config.precision},
+        # compute: scoring, token counting and the rule in the actors (parallel actors counted once); the rest
+        # is Ray and actor start-up, planning, reading and writing
+        "timing": time_split(
+            time.perf_counter() - started, stats.get("compute_s", 0.0), scan_s=round(plan.scan_s, 3),
             **{k: round(v, 3) for k, v in timing.items()},
             # Summed over actors/tasks: model loading, forward passes, token counting, the rule.
-            "work": {k: round(v, 3) for k, v in sorted(stats.get("times", {}).items())},
+            work={k: round(v, 3) for k, v in sorted(stats.get("times", {}).items())},
             # Throughput of the Ray Data pipeline (actor start-up included, Ray start-up excluded).
-            "bullets_per_s": round(plan.rows / timing["pipeline_s"], 1) if timing.get("pipeline_s") else None,
-        },
+            bullets_per_s=round(plan.rows / timing["pipeline_s"], 1) if timing.get("pipeline_s") else None,
+        ),
         "notes": notes,
         "config": config.model_dump(mode="json"),
     }

@@ -15,7 +15,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -91,6 +91,15 @@ def save(directory: Path, weights: dict[str, Any], best: dict[str, Any], optimiz
     (directory / "state.json").write_text(json.dumps({**state.to_json(), **meta}), encoding="utf-8")
 
 
+def save_result(directory: Path, best: dict[str, Any], state: LoopState, meta: dict[str, Any]) -> None:
+    """Write a finished seed's part of a checkpoint: its best weights and loop state (no optimizer)."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(best, str(directory / "best.safetensors"))
+    (directory / "state.json").write_text(json.dumps({**state.to_json(), **meta}), encoding="utf-8")
+
+
 def restore(directory: Path, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any], LoopState]:
     """Load a checkpoint: (current weights, best weights, loop state); the optimizer state is loaded in place."""
     from safetensors.torch import load_file
@@ -112,20 +121,20 @@ def read_result(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def latest_local(root: Path) -> Path | None:
     """The newest complete local-mode checkpoint under `root` (local mode has no Ray Train storage)."""
-    done = sorted(p for p in root.glob("epoch_*") if (p / "state.json").exists()) if root.exists() else []
+    done = sorted(p for p in root.glob("step_*") if p.is_dir()) if root.exists() else []
     return done[-1] if done else None
 
 
-def save_local(root: Path, epoch: int, weights: dict[str, Any], best: dict[str, Any], optimizer: Any,
-               state: LoopState, meta: dict[str, Any]) -> Path:
-    """Local mode: write `root/epoch_<n>` atomically (temp dir, then rename) and drop the older ones."""
-    target = root / f"epoch_{epoch:04d}"
-    tmp = root / f".epoch_{epoch:04d}.tmp"
+def save_local(root: Path, name: str, write: Callable[[Path], None]) -> Path:
+    """Local mode: `write` a checkpoint into `root/name` atomically (temp dir, then rename); drop the older ones."""
+    target = root / name
+    tmp = root / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save(tmp, weights, best, optimizer, state, meta)
+    tmp.mkdir(parents=True)
+    write(tmp)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
-    for old in root.glob("epoch_*"):
+    for old in root.glob("step_*"):
         if old != target:
             shutil.rmtree(old, ignore_errors=True)
     return target

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
+from memprune.precision import Precision
 from memprune.scorer import (
     DEFAULT_ENCODER,
     HeadSettings,
@@ -111,6 +112,9 @@ class TrainSettings(ConfigModel):
     ray: RayTrainSettings = Field(default_factory=RayTrainSettings)
     embed: EmbedSettings = Field(default_factory=EmbedSettings)
     predict_batch_size: int = Field(64, ge=1)
+    precision: Precision = Field(
+        "auto", description="of the encoder passes (embedding, stage-2 training, prediction): fp32, bf16 or fp16 "
+        "autocast over fp32 weights; auto = bf16 on CUDA devices that support it, else fp32")
     fault: FaultInjection | None = None
 
     @field_validator("label_weights")

@@ -1,11 +1,14 @@
 """The Ray Train worker loop of the trained stages (stage 1 and stage 2), also run in-process in local mode.
 
-`train_loop_per_worker` is `_setup` (model, optimizer, resume, this worker's rows), then per epoch
-`_train_epoch`, `_validate`, `_end_epoch` (early stopping) and `_report` (one checkpoint through
-`memprune.train.checkpoint`). Each epoch reseeds from (seed, epoch), so a resumed run repeats
-exactly what an uninterrupted one would have done. Batches hold whole sessions, so the listwise
-term always sees complete sessions; with several workers each takes whole sessions by a stable
-hash and every worker runs the same number of optimizer steps.
+One run trains one or several seeds in turn (stage 1: every seed in one run, the heads are tiny and
+the embeddings cached; stage 2: one seed per run, so seeds spread over GPUs). Per seed,
+`_setup_seed` builds the model and optimizer and resumes it from the run's checkpoint, then each
+epoch is `_train_epoch`, `_validate`, `_end_epoch` (early stopping) and `_report` (one checkpoint
+holding every seed, through `memprune.train.checkpoint`). Each seed keeps its own generator, data
+order and early stopping, and each epoch reseeds from (seed, epoch), so a seed trained with others,
+alone, or resumed after a kill gives the same result. Batches hold whole sessions, so the listwise
+term always sees complete sessions; with several workers each takes whole sessions by a stable hash
+and every worker runs the same number of optimizer steps.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-import time
 import zlib
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 
 from memprune.config import ConfigModel
+from memprune.precision import Precision, grad_scaler
 from memprune.scorer import ScorerConfig
+from memprune.timing import now
 from memprune.train import checkpoint
 from memprune.train.checkpoint import LoopState
 from memprune.train.config import FaultInjection, LossConfig, OptimConfig, TrainError
@@ -36,13 +41,14 @@ class LoopConfig(ConfigModel):
     """What one training worker needs; passed as `train_loop_config` (plain JSON)."""
 
     stage: str
-    seed: int
-    scorer: ScorerConfig
+    seeds: list[int]
+    scorer: ScorerConfig  # of the first seed; `seed_scorer` gives each seed's
     optim: OptimConfig
     loss: LossConfig
-    init_dir: str | None = None
+    init_dirs: dict[str, str] = {}  # seed -> the artifact this stage starts from (stage 2: the seed's stage 1)
     embedding_dim: int | None = None
     threads: int = 1
+    precision: Precision = "fp32"  # of the encoder's passes (stage 2); the weights stay fp32
     local_mode: bool = False  # num_workers == 0: in-process, checkpoints kept under local_checkpoint_dir
     local_checkpoint_dir: str
     fault: FaultInjection | None = None
@@ -112,15 +118,16 @@ def all_reduce(values: dict[str, float], op: str = "sum") -> dict[str, float]:
 
 @dataclass
 class Worker:
-    """The state of one training worker between epochs."""
+    """The state of one seed's training on this worker between epochs."""
 
     lc: LoopConfig
+    seed: int
     model: Any  # HeadModel | LoraModel
     net: Any  # the module, DDP-wrapped with several workers
     optimizer: Any
+    scaler: Any  # fp16 loss scaling, else None
     state: LoopState
     best: dict[str, Any]
-    resumed: Any  # the checkpoint this attempt started from (None for a fresh start)
     device: Any
     rank: int
     world: int
@@ -128,49 +135,67 @@ class Worker:
     valid_rows: dict[str, Any]
     valid_batches: list[np.ndarray]
 
+    @property
+    def done(self) -> bool:
+        return self.state.epoch >= self.lc.optim.epochs or self.state.bad_epochs >= self.lc.optim.patience
 
-def _setup(lc: LoopConfig) -> Worker:
-    """Build the stage's model and optimizer, resume from the latest checkpoint, read this worker's rows."""
+
+def _resumed(lc: LoopConfig) -> Any:
+    """The checkpoint this attempt starts from: Ray Train's, or in local mode the newest one on disk."""
     import ray.train
-    import ray.train.torch
-    import torch
     from ray.train import Checkpoint
-
-    torch.set_num_threads(max(1, lc.threads))
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = torch.device("cpu") if lc.local_mode else ray.train.torch.get_device()
-    spec = STAGE_SPECS[lc.stage]
-    assert spec.model is not None, f"{lc.stage} is not a trained stage"
-
-    torch.manual_seed(lc.seed)
-    model = spec.model(lc.scorer, lc.seed, lc.embedding_dim, lc.init_dir)
-    model.module.to(device)  # before the optimizer and its restored state
-    params = [p for p in model.module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lc.optim.lr, weight_decay=lc.optim.weight_decay)
-    state, best = LoopState(), model.trainable_state()
 
     resumed = ray.train.get_checkpoint()
     if resumed is None and lc.local_mode:
         latest = checkpoint.latest_local(Path(lc.local_checkpoint_dir))
         resumed = Checkpoint.from_directory(str(latest)) if latest is not None else None
-    if resumed is not None:
-        with resumed.as_directory() as d:
-            weights, best, state = checkpoint.restore(Path(d), optimizer)
-            model.load_trainable(weights)
-    state.starts.append(state.epoch)
+    return resumed
 
-    net = ray.train.torch.prepare_model(model.module, move_to_device=False) if world > 1 else model.module
-    columns = spec.columns()
+
+def _rows(lc: LoopConfig, rank: int, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This worker's train and validation rows (read once, shared by the seeds)."""
+    import ray.train
+
+    columns = STAGE_SPECS[lc.stage].columns()
     train_rows = read_rows(ray.train.get_dataset_shard("train"), columns, rank, world)
     valid_rows = read_rows(ray.train.get_dataset_shard("valid"), columns, rank, world)
     for name, rows in (("train", train_rows), ("valid", valid_rows)):
         if rows["n"] == 0:
-            raise TrainError(f"{lc.stage} seed {lc.seed}: worker {rank} of {world} got no {name} sessions; "
+            raise TrainError(f"{lc.stage}: worker {rank} of {world} got no {name} sessions; "
                              "use fewer workers or more data")
-    valid_batches = session_batches(valid_rows["group"], lc.optim.batch_size, None)
-    return Worker(lc, model, net, optimizer, state, best, resumed, device, rank, world, train_rows, valid_rows,
-                  valid_batches)
+    return train_rows, valid_rows
+
+
+def _setup_seed(lc: LoopConfig, seed: int, resumed: Path | None, device: Any, rank: int, world: int,
+                rows: tuple[dict[str, Any], dict[str, Any]]) -> Worker:
+    """Build one seed's model and optimizer and resume them from the run's checkpoint (`resumed`)."""
+    import ray.train.torch
+    import torch
+
+    spec = STAGE_SPECS[lc.stage]
+    assert spec.model is not None, f"{lc.stage} is not a trained stage"
+    torch.manual_seed(seed)
+    scorer = lc.scorer.model_copy(update={"seed": seed})
+    model = spec.model(scorer, seed, lc.embedding_dim, lc.init_dirs.get(str(seed)), lc.precision)
+    model.module.to(device)  # before the optimizer and its restored state
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lc.optim.lr, weight_decay=lc.optim.weight_decay)
+    state, best = LoopState(), model.trainable_state()
+    saved = resumed / f"seed{seed}" if resumed is not None else None
+    if saved is not None and (saved / "weights.safetensors").exists():
+        weights, best, state = checkpoint.restore(saved, optimizer)
+        model.load_trainable(weights)
+    elif saved is not None and (saved / "state.json").exists():  # finished before the restart: its result only
+        best, state_json = checkpoint.read_result(saved)
+        state = LoopState.from_json(state_json)
+    w = Worker(lc, seed, model, model.module, optimizer, grad_scaler(lc.precision, device), state, best, device, rank,
+               world, rows[0], rows[1], [])
+    if w.done:  # finished before a restart: kept as it was, never trained again
+        return w
+    state.starts.append(state.epoch)
+    w.net = ray.train.torch.prepare_model(model.module, move_to_device=False) if world > 1 else model.module
+    w.valid_batches = session_batches(rows[1]["group"], lc.optim.batch_size, None)
+    return w
 
 
 def _batch_parts(w: Worker, net: Any, rows: dict[str, Any], idx: np.ndarray) -> tuple[Any, dict[str, float]]:
@@ -190,8 +215,13 @@ def _train_epoch(w: Worker, batches: list[np.ndarray], steps: int, epoch: int) -
     for step in range(steps):
         loss_value, parts = _batch_parts(w, w.net, w.train_rows, batches[step % len(batches)])
         w.optimizer.zero_grad(set_to_none=True)
-        loss_value.backward()
-        w.optimizer.step()
+        if w.scaler is None:
+            loss_value.backward()
+            w.optimizer.step()
+        else:
+            w.scaler.scale(loss_value).backward()
+            w.scaler.step(w.optimizer)
+            w.scaler.update()
         _maybe_die(w, epoch, step)
         if step < len(batches):
             for k in totals:
@@ -218,7 +248,7 @@ def _maybe_die(w: Worker, epoch: int, step: int) -> None:
     import ray.train
 
     fault, lc = w.lc.fault, w.lc
-    if not (fault is not None and fault.stage == lc.stage and fault.seed in (None, lc.seed)
+    if not (fault is not None and fault.stage == lc.stage and fault.seed in (None, w.seed)
             and epoch == fault.after_epoch + 1 and step == 0
             and w.rank == 0 and not lc.local_mode and not Path(fault.marker).exists()):
         return
@@ -229,7 +259,7 @@ def _maybe_die(w: Worker, epoch: int, step: int) -> None:
         fd = os.open(fault.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return
-    os.write(fd, f"killed pid {os.getpid()} in {lc.stage} seed {lc.seed} epoch {epoch}\n".encode())
+    os.write(fd, f"killed pid {os.getpid()} in {lc.stage} seed {w.seed} epoch {epoch}\n".encode())
     os.close(fd)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -245,26 +275,38 @@ def _end_epoch(w: Worker, epoch: int, tr: dict[str, float], va: dict[str, float]
     else:
         w.state.bad_epochs += 1
     metrics = {"epoch": epoch, "train_loss": tr["loss"], "train_mse": tr["mse"], "val_loss": va["loss"],
-               "val_mse": va["mse"], "val_rank": va["rank"], "epoch_s": round(time.perf_counter() - started, 4),
-               "steps": steps}
+               "val_mse": va["mse"], "val_rank": va["rank"], "epoch_s": round(now() - started, 4),
+               "span": [started, now()], "steps": steps}
     w.state.history.append(metrics)
     return {**metrics, "best_epoch": w.state.best_epoch, "best_val_loss": w.state.best_val_loss}
 
 
-def _report(w: Worker, report: dict[str, Any], epoch: int) -> None:
-    """Report the epoch with its checkpoint: local mode keeps it on disk, rank 0 hands it to Ray Train."""
+def _save_all(directory: Path, workers: list[Worker]) -> None:
+    """One checkpoint of the run: the seed in training in full, the finished seeds' results (best weights, state)."""
+    for w in workers:
+        meta = {"stage": w.lc.stage, "seed": w.seed}
+        if w.state.epoch == 0:  # not started: a restart starts it afresh, as this run will
+            continue
+        if w.done:
+            checkpoint.save_result(directory / f"seed{w.seed}", w.best, w.state, meta)
+        else:
+            checkpoint.save(directory / f"seed{w.seed}", w.model.trainable_state(), w.best, w.optimizer, w.state, meta)
+
+
+def _report(workers: list[Worker], report: dict[str, Any], step: int) -> None:
+    """Report a (seed, epoch) with a checkpoint of the run: local mode keeps it on disk, rank 0 hands it to Ray."""
     import ray.train
     from ray.train import Checkpoint
 
-    meta = {"stage": w.lc.stage, "seed": w.lc.seed}
+    w = workers[-1]
+    name = f"step_{step:05d}"
     if w.lc.local_mode:
-        target = checkpoint.save_local(Path(w.lc.local_checkpoint_dir), epoch, w.model.trainable_state(), w.best,
-                                       w.optimizer, w.state, meta)
+        target = checkpoint.save_local(Path(w.lc.local_checkpoint_dir), name, lambda d: _save_all(d, workers))
         ray.train.report(report, checkpoint=Checkpoint.from_directory(str(target)))
     elif w.rank == 0:
         with tempfile.TemporaryDirectory() as tmp:
-            checkpoint.save(Path(tmp), w.model.trainable_state(), w.best, w.optimizer, w.state, meta)
-            ray.train.report(report, checkpoint=Checkpoint.from_directory(tmp), checkpoint_dir_name=f"epoch_{epoch:04d}")
+            _save_all(Path(tmp), workers)
+            ray.train.report(report, checkpoint=Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
     else:
         ray.train.report(report, checkpoint=None)
 
@@ -272,23 +314,35 @@ def _report(w: Worker, report: dict[str, Any], epoch: int) -> None:
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """The Ray Train worker function of the trained stages (`config` is a `LoopConfig` as JSON)."""
     import ray.train
+    import ray.train.torch
     import torch
 
     lc = LoopConfig.model_validate(config)
-    w = _setup(lc)
+    torch.set_num_threads(max(1, lc.threads))
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = torch.device("cpu") if lc.local_mode else ray.train.torch.get_device()
+    resumed = _resumed(lc)
+    rows = _rows(lc, rank, world)
+    workers: list[Worker] = []
     reported = False
-    while w.state.epoch < lc.optim.epochs and w.state.bad_epochs < lc.optim.patience:
-        epoch = w.state.epoch + 1
-        started = time.perf_counter()
-        torch.manual_seed(lc.seed * 100_003 + epoch)
-        rng = np.random.default_rng([lc.seed, epoch])
-        train_batches = session_batches(w.train_rows["group"], lc.optim.batch_size, rng)
-        steps = int(all_reduce({"steps": float(len(train_batches))}, op="max")["steps"])
-        tr = combine_parts(all_reduce(_train_epoch(w, train_batches, steps, epoch)), lc.loss)
-        va = combine_parts(all_reduce(_validate(w)), lc.loss)
-        _report(w, _end_epoch(w, epoch, tr, va, started, steps), epoch)
-        reported = True
-    if lc.local_mode and not reported and w.resumed is not None and w.state.history:
+    with (resumed.as_directory() if resumed is not None else nullcontext(None)) as d:
+        for seed in lc.seeds:
+            workers.append(_setup_seed(lc, seed, Path(d) if d else None, device, rank, world, rows))
+    step = sum(w.state.epoch for w in workers)
+    for w in workers:
+        while not w.done:
+            epoch = w.state.epoch + 1
+            started = now()
+            torch.manual_seed(w.seed * 100_003 + epoch)
+            rng = np.random.default_rng([w.seed, epoch])
+            train_batches = session_batches(w.train_rows["group"], lc.optim.batch_size, rng)
+            steps = int(all_reduce({"steps": float(len(train_batches))}, op="max")["steps"])
+            tr = combine_parts(all_reduce(_train_epoch(w, train_batches, steps, epoch)), lc.loss)
+            va = combine_parts(all_reduce(_validate(w)), lc.loss)
+            step += 1
+            _report(workers, {"seed": w.seed, **_end_epoch(w, epoch, tr, va, started, steps)}, step)
+            reported = True
+    if lc.local_mode and not reported and resumed is not None:
         # a finished run resumed in local mode: hand its last checkpoint back as the result
-        ray.train.report({**w.state.history[-1], "best_epoch": w.state.best_epoch,
-                          "best_val_loss": w.state.best_val_loss}, checkpoint=w.resumed)
+        ray.train.report({"seeds": lc.seeds}, checkpoint=resumed)

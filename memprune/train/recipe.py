@@ -20,8 +20,10 @@ from rich.console import Console
 
 from memprune.encoders import check_encoder
 from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_json, write_table, write_text
+from memprune.markdown import time_line
 from memprune.rejects import Ledger
 from memprune.runtime import check_resources, ensure_ray, use_gpu
+from memprune.timing import busy_seconds, time_split
 from memprune.train.config import STAGES, TrainConfig
 from memprune.train.data import data_fingerprint, load_labels, prepare_data
 from memprune.train.embed import compute_embeddings, embedding_column
@@ -53,24 +55,26 @@ def _prepare(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Pat
     dim: int | None = None
     if any(STAGE_SPECS[s].needs_embeddings for s in cfg.stages):
         console.print(f"embedding {table.num_rows} labelled bullets with {cfg.encoder} (Ray Data)", highlight=False)
-        emb, embed_info = compute_embeddings(table, cfg.scorer_config(), cfg.embed, cache_dir)
+        emb, embed_info = compute_embeddings(table, cfg.scorer_config(), cfg.embed, cache_dir, cfg.precision)
         dim = int(emb.shape[1])
         table = table.append_column("embedding", embedding_column(emb))
     tables = {s: table.filter(pc.equal(table.column("split"), s)) for s in ("train", "valid", "test")}
     return Inputs(tables, dim, data_fingerprint(table), counts), ledger, embed_info
 
 
+def _print(summary: dict[str, Any]) -> None:
+    """One line per (stage, seed) on the driver's terminal."""
+    loss, mse = summary["best_val_loss"], summary["val_mse"]
+    what = (f"best epoch {summary['best_epoch']} of {summary['epochs_run']}, val_loss "
+            f"{'-' if loss is None else f'{loss:.4f}'}" if summary.get("optim") else
+            f"val_mse {'-' if mse is None else f'{mse:.4f}'}")
+    console.print(f"{summary['stage']} seed {summary['seed']}: {what}, {summary['wall_s']:.1f} s"
+                  + (" (reused)" if summary.get("reused") else ""), highlight=False)
+
+
 def _run_chain(cfg: TrainConfig, inputs: Inputs, seed: int, stages: list[str]) -> list[dict[str, Any]]:
-    """The trained stages of one seed in order (stage 1 before stage 2); in-process or as a Ray task."""
-    results = []
-    for stage in stages:
-        summary = run_stage(cfg, inputs, stage, seed)
-        loss = summary["best_val_loss"]
-        console.print(f"{stage} seed {seed}: best epoch {summary['best_epoch']} of {summary['epochs_run']}, "
-                      f"val_loss {'-' if loss is None else f'{loss:.4f}'}, {summary['wall_s']:.1f} s"
-                      + (" (reused)" if summary.get("reused") else ""), highlight=False)
-        results.append(summary)
-    return results
+    """The per-seed stages of one seed in order; in-process or as a Ray task."""
+    return [r for stage in stages for r in run_stage(cfg, inputs, stage, [seed])]
 
 
 def _concurrency(cfg: TrainConfig, n_chains: int) -> int:
@@ -87,12 +91,17 @@ def _concurrency(cfg: TrainConfig, n_chains: int) -> int:
 
 
 def _run_seed_chains(cfg: TrainConfig, inputs: Inputs, chain: list[str]) -> list[dict[str, Any]]:
-    """Every seed's chain of trained stages, as many at once as the cluster fits."""
+    """Every seed's chain of per-seed stages (stage 2), as many at once as the cluster fits."""
     import ray
 
     width = _concurrency(cfg, len(cfg.seeds))
     if width == 1:
-        return [r for seed in cfg.seeds for r in _run_chain(cfg, inputs, seed, chain)]
+        runs = []
+        for seed in cfg.seeds:
+            for summary in _run_chain(cfg, inputs, seed, chain):
+                _print(summary)
+                runs.append(summary)
+        return runs
     cpus = cfg.ray.cpus_per_worker if cfg.ray.num_workers == 0 else 0
     task = ray.remote(num_cpus=cpus, max_retries=0)(_run_chain)
     inputs_ref = ray.put(inputs)
@@ -104,7 +113,9 @@ def _run_seed_chains(cfg: TrainConfig, inputs: Inputs, chain: list[str]) -> list
         ready, _ = ray.wait(list(running), num_returns=1)
         for ref in ready:
             running.pop(ref)
-            runs.extend(ray.get(ref))
+            for summary in ray.get(ref):
+                _print(summary)
+                runs.append(summary)
     return runs
 
 
@@ -133,13 +144,11 @@ def _train_split_into(cfg: TrainConfig, assignment: dict[str, str] | None, cache
     started = time.perf_counter()
     inputs, ledger, embed_info = _prepare(cfg, assignment, cache_dir, outputs)
     runs: list[dict[str, Any]] = []
-    for seed in cfg.seeds:
-        for stage in (s for s in cfg.stages if not STAGE_SPECS[s].trained):
-            summary = run_stage(cfg, inputs, stage, seed)
-            mse = summary["val_mse"]
-            console.print(f"{stage} seed {seed}: val_mse {'-' if mse is None else f'{mse:.4f}'}", highlight=False)
+    for stage in (s for s in cfg.stages if not STAGE_SPECS[s].per_seed_run):  # every seed in one go
+        for summary in run_stage(cfg, inputs, stage, cfg.seeds):
+            _print(summary)
             runs.append(summary)
-    chain = [s for s in cfg.stages if STAGE_SPECS[s].trained]
+    chain = [s for s in cfg.stages if STAGE_SPECS[s].per_seed_run]
     if chain:
         runs.extend(_run_seed_chains(cfg, inputs, chain))
     order = {s: i for i, s in enumerate(STAGES)}
@@ -152,15 +161,18 @@ def _train_split_into(cfg: TrainConfig, assignment: dict[str, str] | None, cache
         "runs": [
             {k: r.get(k) for k in ("stage", "seed", "best_epoch", "best_val_loss", "epochs_run", "val_mse",
                                    "val_spearman", "wall_s", "reused")}
+            | {k: (r.get("timing") or {}).get(k) for k in ("setup_s", "epochs_s", "predict_s")}
             | {"dir": str(artifact_dir(cfg.out, r["stage"], r["seed"]))}
             for r in runs
         ],
         "stage_summary": stage_summary(runs),
         "wall_s": round(time.perf_counter() - started, 3),
+        "timing": run_timing(time.perf_counter() - started, embed_info, runs),
         "config": cfg.model_dump(mode="json"),
     }
     write_json(outputs.path("run.json"), summary)
     write_text(outputs.path("train.md"), render_report(summary))
+    console.print(f"train: {summary['wall_s']:.1f} s; {time_line(summary['timing'])}", highlight=False)
     return summary
 
 
@@ -210,7 +222,8 @@ def _run_folds_into(cfg: TrainConfig, k: int, outputs: OutputSet) -> dict[str, A
         summary = _train_split(cfg.model_copy(update={"out": fold_dir}), assignment, out / "cache")
         runs.extend({**r, "fold": i} for r in summary["runs"])
         per_fold.append({"fold": i, "dir": str(fold_dir), "conversations": {s: len(v) for s, v in convs.items()},
-                         "bullets_per_split": summary["split"]["bullets_per_split"], "wall_s": summary["wall_s"]})
+                         "bullets_per_split": summary["split"]["bullets_per_split"], "wall_s": summary["wall_s"],
+                         "compute_s": summary["timing"]["compute_s"]})
 
     by_stage = stage_summary(runs)
     for entry in by_stage.values():
@@ -226,11 +239,29 @@ def _run_folds_into(cfg: TrainConfig, k: int, outputs: OutputSet) -> dict[str, A
         "runs": runs,
         "stage_summary": by_stage,
         "wall_s": round(time.perf_counter() - started, 3),
+        "timing": time_split(time.perf_counter() - started, sum(f["compute_s"] for f in per_fold)),
         "config": cfg.model_dump(mode="json"),
     }
     write_json(outputs.path("run.json"), result)
     write_text(outputs.path("train.md"), render_fold_report(result))
     return result
+
+
+def run_timing(wall_s: float, embed_info: dict[str, Any] | None, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the run's wall time went: compute (embedding pass, epochs, prediction; concurrent seeds counted
+    once) versus set-up (Ray start, trainers, worker groups, datasets) and I/O. Reused runs did no work."""
+    fresh = [r for r in runs if not r.get("reused")]
+    spans = [tuple(e["span"]) for r in fresh for e in r.get("epochs") or [] if "span" in e]
+    spans += [tuple(r["timing"]["predict_span"]) for r in fresh if "predict_span" in (r.get("timing") or {})]
+    embed_s = float((embed_info or {}).get("compute_s") or 0.0)
+    stages: dict[str, dict[str, float]] = {}
+    for r in fresh:
+        entry = stages.setdefault(r["stage"], {"setup_s": 0.0, "epochs_s": 0.0, "predict_s": 0.0})
+        for key in entry:
+            entry[key] = round(entry[key] + (r.get("timing") or {}).get(key, 0.0), 3)
+    return time_split(wall_s, embed_s + busy_seconds(spans), embed_s=round(embed_s, 3),
+                      epochs_s=round(sum(e["epochs_s"] for e in stages.values()), 3),
+                      predict_s=round(sum(e["predict_s"] for e in stages.values()), 3), stages=stages)
 
 
 def stage_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

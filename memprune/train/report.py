@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memprune.markdown import fmt, table
+from memprune.markdown import fmt, table, time_line
 
 
 def _mean_std(entry: dict[str, Any] | None) -> str:
@@ -27,15 +27,21 @@ def render_report(summary: dict[str, Any]) -> str:
         f"- conversations train/valid/test: {split['conversations']['train']}/{split['conversations']['valid']}/"
         f"{split['conversations']['test']}; bullets {split['bullets_per_split']['train']}/"
         f"{split['bullets_per_split']['valid']}/{split['bullets_per_split']['test']}",
-        f"- total wall time: {summary['wall_s']:.1f} s",
+        f"- total wall time: {summary['wall_s']:.1f} s; {time_line(summary['timing'])}",
         "",
         *table(["stage", "seeds", "val MSE (mean ± std)", "val Spearman (mean ± std)", "wall s (sum)"],
                [[stage, len(e["seeds"]), _mean_std(e.get("val_mse")), _mean_std(e.get("val_spearman")),
                  fmt(e["wall_s"], 1)] for stage, e in summary["stage_summary"].items()]),
         "",
-        *table(["stage", "seed", "best epoch", "epochs run", "best val loss", "wall s"],
+        *table(["stage", "seed", "best epoch", "epochs run", "best val loss", "set-up s", "epochs s", "predict s",
+                "wall s"],
                [[r["stage"], r["seed"], fmt(r["best_epoch"]), r["epochs_run"], fmt(r["best_val_loss"]),
+                 *(("reused",) * 3 if r.get("reused") else (fmt(r.get(k), 1) for k in ("setup_s", "epochs_s",
+                                                                                        "predict_s"))),
                  fmt(r["wall_s"], 1)] for r in summary["runs"]]),
+        "",
+        "Set-up is the Ray Train run's start (controller, worker group, datasets) and checkpoint I/O, shared by the "
+        "seeds of one run; stage 1 trains every seed in one run, stage 2 one run per seed.",
         "",
     ]
     return "\n".join(lines)
@@ -56,7 +62,7 @@ def render_fold_report(result: dict[str, Any]) -> str:
         "training or validation data",
         f"- labels: {', '.join(f'`{x}`' for x in result['labels'])}; by source {counts['labels_by_source']}; "
         f"{counts['labels_superseded']} superseded, {counts['labels_rejected']} rejected",
-        f"- total wall time: {result['wall_s']:.1f} s", "",
+        f"- total wall time: {result['wall_s']:.1f} s; {time_line(result['timing'])}", "",
         *table(["fold", "test / train / valid conversations", "test bullets", "wall s"], rows),
         "", "Pooled evaluation of the out-of-fold predictions: `memprune evaluate --run OUT`.", "",
     ])

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from memprune.precision import Precision
 from memprune.scorer import ScorerConfig
 from memprune.train.config import OptimConfig, TrainError, TrainSettings
 from memprune.work import digest
@@ -22,9 +23,10 @@ TRAIN_FORMAT = 1
 
 
 class HeadModel:
-    """Stage 1: the regression head alone, on the frozen encoder's cached embeddings."""
+    """Stage 1: the regression head alone, on the frozen encoder's cached embeddings (always fp32: it is tiny)."""
 
-    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None) -> None:
+    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None,
+                 precision: Precision = "fp32") -> None:
         from memprune.scorer import build_head
 
         if embedding_dim is None:
@@ -48,7 +50,8 @@ class HeadModel:
 class LoraModel:
     """Stage 2: the encoder with fresh LoRA adapters and the stage-1 head of the same seed, trained together."""
 
-    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None) -> None:
+    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None,
+                 precision: Precision = "fp32") -> None:
         from safetensors.torch import load_file
 
         from memprune.scorer import Scorer
@@ -61,6 +64,7 @@ class LoraModel:
         model.head.load_state_dict(load_file(str(Path(init_dir) / "head.safetensors")))
         model.add_lora(scorer.lora, seed=seed)
         model.freeze_encoder()
+        model.precision = precision  # autocast of the encoder's forward and backward passes
         self.module = model
 
     def trainable_state(self) -> dict[str, Any]:
@@ -110,7 +114,7 @@ def _predict_with_scorer(cfg: TrainSettings, artifact: Path, head_state: dict[st
     from memprune.scorer import Scorer
 
     device = "cuda" if torch.cuda.is_available() else None
-    return Scorer.load(artifact, device=device).score(texts, batch_size=cfg.predict_batch_size)
+    return Scorer.load(artifact, device=device, precision=cfg.precision).score(texts, batch_size=cfg.predict_batch_size)
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class StageSpec:
     predict: Callable[..., np.ndarray]
     init_from: str | None = None
     threads_from_workers: bool = False  # False: one torch thread (a head on [batch, d] only spins more)
+    per_seed_run: bool = False  # one Ray Train run per seed (spread over GPUs); else every seed in one run
 
     @property
     def trained(self) -> bool:
@@ -153,6 +158,7 @@ class StageSpec:
             "data": data_fp,
             "scorer": cfg.scorer_config(self.name, seed).model_dump(mode="json"),
             "split": cfg.split.model_dump(mode="json"),
+            "precision": cfg.precision,  # of the embeddings (vanilla, stage 1) or of stage 2's passes
         }
         if self.settings:
             payload.update({s: getattr(cfg, s).model_dump(mode="json") for s in self.settings})
@@ -165,5 +171,5 @@ STAGE_SPECS: dict[str, StageSpec] = {
     "vanilla": StageSpec("vanilla", None, "embedding", (), _predict_on_embeddings),
     "stage1": StageSpec("stage1", HeadModel, "embedding", ("stage1",), _predict_on_embeddings),
     "stage2": StageSpec("stage2", LoraModel, "text", ("stage1", "stage2"), _predict_with_scorer, init_from="stage1",
-                        threads_from_workers=True),
+                        threads_from_workers=True, per_seed_run=True),
 }

@@ -20,11 +20,12 @@ import pyarrow.compute as pc
 from memprune.io import write_json, write_table
 from memprune.runtime import use_gpu
 from memprune.scorer import head_input_dim, save_artifact
+from memprune.timing import now
 from memprune.train.config import TrainConfig, TrainError
 from memprune.train.embed import embeddings_to_numpy
 from memprune.train.loop import LoopConfig, train_loop_per_worker
 from memprune.train.stages import STAGE_SPECS, TRAIN_FORMAT, StageSpec
-from memprune.work import finished
+from memprune.work import digest, finished
 
 PREDICTIONS = pa.schema(
     [
@@ -115,32 +116,29 @@ def _dataset(table: pa.Table) -> Any:
     return ds
 
 
-def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: str
-         ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """One TorchTrainer for a trained (stage, seed): (best weights, loop state, Ray facts for train.json)."""
+def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fps: dict[int, str]
+         ) -> tuple[dict[int, tuple[dict[str, Any], dict[str, Any]]], dict[str, Any]]:
+    """One TorchTrainer for a trained stage and `seeds` (trained in turn): per seed (best weights, loop state),
+    and the Ray facts for train.json."""
     import torch
-    from ray.train import (
-        CheckpointConfig,
-        DataConfig,
-        FailureConfig,
-        RunConfig,
-        ScalingConfig,
-    )
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from memprune.train import checkpoint
 
-    init_dir = None
+    init_dirs: dict[str, str] = {}
     if spec.init_from is not None:
-        init_dir = artifact_dir(cfg.out, spec.init_from, seed)
-        init_fp = STAGE_SPECS[spec.init_from].fingerprint(cfg, seed, inputs.fingerprint)
-        if finished(init_dir / "train.json", init_fp, DONE_NEEDS) is None:
-            raise TrainError(
-                f"{spec.name} seed {seed} starts from the {spec.init_from} artifact of the same seed, but {init_dir} "
-                f"holds no finished {spec.init_from} run for these data and settings: include {spec.init_from} in --stages"
-            )
+        for seed in seeds:
+            init_dir = artifact_dir(cfg.out, spec.init_from, seed)
+            init_fp = STAGE_SPECS[spec.init_from].fingerprint(cfg, seed, inputs.fingerprint)
+            if finished(init_dir / "train.json", init_fp, DONE_NEEDS) is None:
+                raise TrainError(
+                    f"{spec.name} seed {seed} starts from the {spec.init_from} artifact of the same seed, but {init_dir} "
+                    f"holds no finished {spec.init_from} run for these data and settings: include {spec.init_from} "
+                    "in --stages")
+            init_dirs[str(seed)] = str(init_dir)
     storage = storage_path(cfg)
-    name = f"{spec.name}-seed{seed}-{fp[:12]}"
+    name = f"{spec.name}-seed{'-'.join(map(str, seeds))}-{digest(sorted(fps.values()))[:12]}"
     local_mode = cfg.ray.num_workers == 0
     gpu = not local_mode and use_gpu(cfg.ray.use_gpu)
     if local_mode:
@@ -149,10 +147,13 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: str
         scaling = ScalingConfig(num_workers=cfg.ray.num_workers, use_gpu=gpu,
                                 resources_per_worker={"CPU": cfg.ray.cpus_per_worker, **({"GPU": 1} if gpu else {})})
     loop = LoopConfig(
-        stage=spec.name, seed=seed, scorer=cfg.scorer_config(spec.name, seed), optim=spec.optim(cfg), loss=cfg.loss,
-        init_dir=str(init_dir) if init_dir else None, embedding_dim=inputs.embedding_dim, threads=spec.threads(cfg),
+        stage=spec.name, seeds=seeds, scorer=cfg.scorer_config(spec.name, seeds[0]), optim=spec.optim(cfg),
+        loss=cfg.loss, init_dirs=init_dirs, embedding_dim=inputs.embedding_dim, threads=spec.threads(cfg),
+        precision=cfg.precision if spec.column == "text" else "fp32",  # only the encoder's passes gain from 16 bits
         local_mode=local_mode, local_checkpoint_dir=str(cfg.out / "ray" / name / "local"), fault=cfg.fault,
     )
+    # every checkpoint holds each seed's best weights: keep the latest; keep the best by val_loss only for one seed
+    by_loss = {"checkpoint_score_attribute": "val_loss", "checkpoint_score_order": "min"} if len(seeds) == 1 else {}
     datasets = {s: _dataset(inputs.tables[s].select(spec.columns())) for s in ("train", "valid")}
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -162,9 +163,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: str
             name=name,
             storage_path=storage,
             failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
-            checkpoint_config=CheckpointConfig(
-                num_to_keep=cfg.ray.num_to_keep, checkpoint_score_attribute="val_loss", checkpoint_score_order="min"
-            ),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.ray.num_to_keep, **by_loss),
         ),
         datasets=datasets,
         dataset_config=DataConfig(datasets_to_split=[]),
@@ -175,55 +174,72 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: str
     finally:
         torch.set_num_threads(threads)  # local mode trains in this process
     if result.checkpoint is None:
-        raise TrainError(f"{spec.name} seed {seed}: training reported no checkpoint")
+        raise TrainError(f"{spec.name} seeds {seeds}: training reported no checkpoint")
     with result.checkpoint.as_directory() as d:
-        best, state = checkpoint.read_result(Path(d))
-    retained = [{"path": ckpt.path, "epoch": m.get("epoch"), "val_loss": m.get("val_loss")}
+        results = {seed: checkpoint.read_result(Path(d) / f"seed{seed}") for seed in seeds}
+    retained = [{"path": ckpt.path, "seed": m.get("seed"), "epoch": m.get("epoch"), "val_loss": m.get("val_loss")}
                 for ckpt, m in result.best_checkpoints or []]
-    extra = {
-        "ray": {"run_name": name, "storage": storage, "num_workers": cfg.ray.num_workers, "use_gpu": gpu,
-                "local_mode": local_mode, "checkpoints_retained": retained},
-        "init_dir": str(init_dir) if init_dir else None,
-    }
-    return best, state, extra
+    facts = {"run_name": name, "storage": storage, "num_workers": cfg.ray.num_workers, "use_gpu": gpu,
+             "local_mode": local_mode, "seeds_in_run": seeds, "checkpoints_retained": retained}
+    return results, facts
 
 
-def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seed: int) -> dict[str, Any]:
-    """Train (or build, for vanilla) one (stage, seed); write its artifact, predictions and train.json."""
+def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int]) -> list[dict[str, Any]]:
+    """Train (or build, for vanilla) a stage for `seeds`, in one Ray Train run; write each seed's artifact,
+    predictions and train.json. Seeds already finished with the same fingerprint are reused."""
     from memprune.scorer import build_head
 
     spec = STAGE_SPECS[stage]
     started = time.perf_counter()
-    out_dir = artifact_dir(cfg.out, stage, seed)
-    fp = spec.fingerprint(cfg, seed, inputs.fingerprint)
-    done = finished(out_dir / "train.json", fp, DONE_NEEDS)
-    if done is not None:
-        return {**done, "reused": True}
-    if spec.trained:
-        best, state, extra = _fit(cfg, inputs, spec, seed, fp)
+    fps = {seed: spec.fingerprint(cfg, seed, inputs.fingerprint) for seed in seeds}
+    summaries: dict[int, dict[str, Any]] = {}
+    for seed in seeds:
+        done = finished(artifact_dir(cfg.out, stage, seed) / "train.json", fps[seed], DONE_NEEDS)
+        if done is not None:
+            summaries[seed] = {**done, "reused": True}
+    pending = [seed for seed in seeds if seed not in summaries]
+    results: dict[int, tuple[dict[str, Any], dict[str, Any] | None]] = {}
+    facts: dict[str, Any] | None = None
+    if pending and spec.trained:
+        results, facts = _fit(cfg, inputs, spec, pending, fps)
+    elif pending:  # the untrained baseline: the pretrained encoder + a head initialised from the seed
+        if inputs.embedding_dim is None:
+            raise TrainError(f"{stage} needs the encoder embeddings")
+        for seed in pending:
+            head = build_head(inputs.embedding_dim, cfg.head, seed)
+            results[seed] = ({f"head.{k}": v.detach().clone() for k, v in head.state_dict().items()}, None)
+    run_s = time.perf_counter() - started
+    epochs_s = {seed: sum(h.get("epoch_s", 0.0) for h in (results[seed][1] or {}).get("history", []))
+                for seed in pending}
+    setup_s = max(0.0, run_s - sum(epochs_s.values())) / max(1, len(pending))  # the run's set-up, shared by its seeds
+    table = pa.concat_tables([inputs.tables["valid"], inputs.tables["test"]])
+    embeddings = embeddings_to_numpy(table.column("embedding")) if "embedding" in table.column_names else None
+    for seed in pending:
+        best, state = results[seed]
         head_state = {k[5:]: v for k, v in best.items() if k.startswith("head.")}
         adapter_state = {k[8:]: v for k, v in best.items() if k.startswith("adapter.")}
         dim = head_input_dim(head_state)
-    else:  # the untrained baseline: the pretrained encoder + a head initialised from the seed
-        if inputs.embedding_dim is None:
-            raise TrainError(f"{stage} needs the encoder embeddings")
-        dim = inputs.embedding_dim
-        head_state = {k: v.detach().clone() for k, v in build_head(dim, cfg.head, seed).state_dict().items()}
-        adapter_state, state, extra = {}, None, None
-    save_artifact(out_dir, cfg.scorer_config(stage, seed).model_copy(update={"embedding_dim": dim}), head_state,
-                  adapter_state or None)
-    table = pa.concat_tables([inputs.tables["valid"], inputs.tables["test"]])
-    embeddings = embeddings_to_numpy(table.column("embedding")) if "embedding" in table.column_names else None
-    scores = spec.predict(cfg, out_dir, head_state, dim, table.column("text").to_pylist(), embeddings)
-    pred = predictions_table(table, scores, stage, seed)
-    write_table(pred, out_dir / "predictions.parquet")
-    summary = _summary(cfg, inputs, spec, seed, fp, state, started, pred, extra)
-    write_json(out_dir / "train.json", summary)
-    return summary
+        out_dir = artifact_dir(cfg.out, stage, seed)
+        save_artifact(out_dir, cfg.scorer_config(stage, seed).model_copy(update={"embedding_dim": dim}), head_state,
+                      adapter_state or None)
+        t0 = now()
+        scores = spec.predict(cfg, out_dir, head_state, dim, table.column("text").to_pylist(), embeddings)
+        predict_span = [t0, now()]
+        pred = predictions_table(table, scores, stage, seed)
+        write_table(pred, out_dir / "predictions.parquet")
+        timing = {"setup_s": round(setup_s, 3), "epochs_s": round(epochs_s[seed], 3),
+                  "predict_s": round(predict_span[1] - predict_span[0], 3), "predict_span": predict_span}
+        extra: dict[str, Any] = {"timing": timing}
+        if facts is not None:
+            extra.update(ray=facts, init_dir=str(artifact_dir(cfg.out, spec.init_from, seed)) if spec.init_from else None)
+        wall_s = setup_s + epochs_s[seed] + timing["predict_s"]
+        summaries[seed] = _summary(cfg, inputs, spec, seed, fps[seed], state, wall_s, pred, extra)
+        write_json(out_dir / "train.json", summaries[seed])
+    return [summaries[seed] for seed in seeds]
 
 
 def _summary(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: str, state: dict[str, Any] | None,
-             started: float, pred: pa.Table, extra: dict[str, Any] | None) -> dict[str, Any]:
+             wall_s: float, pred: pa.Table, extra: dict[str, Any] | None) -> dict[str, Any]:
     """train.json of one (stage, seed)."""
     optim = spec.optim(cfg)
     history = (state or {}).get("history", [])
@@ -243,7 +259,7 @@ def _summary(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: s
         "attempt_start_epochs": (state or {}).get("starts", []),
         "val_mse": val_mse(pred),
         "val_spearman": val_spearman(pred),
-        "wall_s": round(time.perf_counter() - started, 3),
+        "wall_s": round(wall_s, 3),
         "n_bullets": {s: inputs.tables[s].num_rows for s in ("train", "valid", "test")},
         "n_unlabeled": inputs.counts["unlabeled_bullets"],
         "optim": optim.model_dump(mode="json") if optim is not None else None,
