@@ -44,10 +44,6 @@ def cost_table(gen: pa.Table, conditions: list[str]) -> dict[str, dict[str, Any]
     return out
 
 
-def _value(point: float | None, boot: np.ndarray | None, confidence: float) -> dict[str, Any]:
-    return {"value": point, "ci": None if boot is None or point is None else M.percentile_ci(boot, confidence)}
-
-
 def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig, encoder: Any,
                   bertscore: M.BertScore | None) -> dict[str, Any]:
     """Metrics per condition on the targets that have a reply under every condition (paired), with intervals."""
@@ -115,26 +111,9 @@ def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig,
     elif mauve_cfg.enabled:
         result["notes"].append(f"MAUVE not computed: {n} paired targets < mauve.min_samples {mauve_cfg.min_samples}")
     for c in conditions:
-        entry = {m: _value(points[c].get(m), boots[c].get(m), conf) for m in METRICS}
+        entry = {m: M.with_interval(points[c].get(m), boots[c].get(m), conf) for m in METRICS}
         entry.update(extra[c])
         entry["n"] = n
         result["per_condition"][c] = entry
-    # paired differences: pruned against every other condition, and all memory against none
-    pairs = [("pruned", c) for c in conditions if c != "pruned" and "pruned" in conditions]
-    if "all" in conditions and "none" in conditions:
-        pairs.append(("all", "none"))
-    for a, b in pairs:
-        comp: dict[str, Any] = {}
-        for m in METRICS:
-            pa_, pb = points[a].get(m), points[b].get(m)
-            if pa_ is None or pb is None:
-                continue
-            delta = pa_ - pb
-            ba, bb = boots[a].get(m), boots[b].get(m)
-            if ba is not None and bb is not None and len(ba) == len(bb) and len(ba):
-                d = ba - bb
-                comp[m] = {"delta": delta, "ci": M.percentile_ci(d, conf), "p_better": float(np.mean(d > 0))}
-            else:
-                comp[m] = {"delta": delta, "ci": None, "p_better": None}
-        result["comparisons"][f"{a}-{b}"] = comp
+    result["comparisons"] = M.comparisons(points, boots, conditions, METRICS, conf)
     return result

@@ -20,7 +20,6 @@ prompt template), so a rerun of the same command resumes and only rescoring is r
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -44,21 +43,15 @@ from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import cost_table, score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
 from memprune.io import JsonlSink, atomic_path, read_table, write_summary
-from memprune.llm import LLMConfig, outcome_summary, run_llm
+from memprune.llm import LLMConfig, outcome_summary
+from memprune.llm.chunked import results_schema, run_llm_chunks
 from memprune.llm.prompts import load_template, reply_messages
-from memprune.llm.run import COMMON_FIELDS
 from memprune.rejects import Ledger
-from memprune.runtime import ensure_ray, torch_device
-from memprune.work import WorkDir, resumable_chunks
+from memprune.runtime import torch_device
 
 DIALOGUE_FORMAT = 1
 console = Console(stderr=True)
-RESULTS = pa.schema([
-    pa.field("row_id", pa.string(), nullable=False),
-    pa.field("reply", pa.string()),
-    pa.field("parse", pa.string()),
-    *COMMON_FIELDS,
-])
+RESULTS = results_schema("reply")
 
 
 def pruned_files(path: str | Path) -> list[Path]:
@@ -153,45 +146,11 @@ def count_tokens(rows: pa.Table, llm: LLMConfig, counter: TokenCounter) -> tuple
     return prompt, memory
 
 
-def _work_payload(rows: pa.Table, llm: LLMConfig) -> dict[str, Any]:
-    """What the generated replies depend on: the generation rows' inputs, the LLM config, the prompt template."""
-    sink = pa.BufferOutputStream()
-    inputs = rows.select(["row_id", "context", "memory", "target_speaker"]).combine_chunks()
-    with pa.ipc.new_stream(sink, inputs.schema) as writer:
-        writer.write_table(inputs)
-    template = load_template(llm.prompt_name("reply"), "reply")
-    return {"rows": hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest(), "llm": llm.model_dump(mode="json"),
-            "template": template.messages}
-
-
-def _generate_chunk(rows: pa.Table, llm: LLMConfig, block_rows: int) -> pa.Table:
-    """One chunk of generation rows through `run_llm(task="reply")`; returns its `RESULTS` rows."""
-    import ray
-
-    inputs = rows.select(["row_id", "context", "memory", "target_speaker"])
-    blocks = [inputs.slice(s, block_rows) for s in range(0, inputs.num_rows, block_rows)]
-    out = run_llm(ray.data.from_arrow(blocks), llm, task="reply")
-    got = []
-    for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
-        got.extend({k: r.get(k) for k in RESULTS.names} for r in batch.to_pylist())
-    want = rows.column("row_id").to_pylist()
-    if sorted(r["row_id"] for r in got) != sorted(want):
-        raise RuntimeError(f"run_llm returned {len(got)} rows for a chunk of {len(want)}; rerun to retry the chunk")
-    order = {rid: i for i, rid in enumerate(want)}
-    got.sort(key=lambda r: order[r["row_id"]])
-    return pa.Table.from_pylist(got, schema=RESULTS)
-
-
 def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path, chunk_rows: int, block_rows: int,
                      progress: bool = True) -> tuple[pa.Table, dict[str, Any]]:
     """Replies for every generation row, in row order; chunks already under OUT/.work/<fingerprint>/ are reused."""
-
-    work = WorkDir(out, _work_payload(rows, llm))
-    results, stats = resumable_chunks(rows, chunk_rows, work, lambda chunk: _generate_chunk(chunk, llm, block_rows),
-                                      RESULTS, "dialogue-eval: generation chunks", progress, setup=ensure_ray)
-    if results.column("row_id").to_pylist() != rows.column("row_id").to_pylist():
-        raise RuntimeError(f"{work.path}: the saved chunks do not match the generation rows; delete it and rerun")
-    return results, stats
+    return run_llm_chunks(rows, ["context", "memory", "target_speaker"], llm, "reply", out, chunk_rows, block_rows,
+                          "dialogue-eval: generation chunks", progress)
 
 
 def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
@@ -253,14 +212,7 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
         pq.write_table(gen, tmp)
 
     with JsonlSink(out / "rejects.jsonl") as sink:
-        ledger = Ledger(sink)
-        for r in gen.select(["row_id", "error", "raw"]).to_pylist():
-            ledger.saw("reply")
-            if r["error"]:
-                ledger.reject(source=str(out / "generations.parquet"), record=r["row_id"], field="reply",
-                              kind="reply", reason=r["error"], value=r["raw"])
-            else:
-                ledger.wrote("reply")
+        Ledger(sink).account(gen.select(["row_id", "error", "raw"]).to_pylist(), "reply", str(out / "generations.parquet"))
 
     t_score = time.perf_counter()
     bert = None
