@@ -14,8 +14,9 @@ against the real turns (`memprune.dialogue.metrics`) and writes into `OUT/`:
 - `dialogue.md`          the paper's Table 6 shape: one line per memory condition.
 
 Generation runs in chunks of targets, each one `run_llm` pass written atomically under
-`OUT/.work/<fingerprint>/` (the fingerprint covers the generation rows, the LLM config and the
-prompt template), so a rerun of the same command resumes and only rescoring is repeated.
+`OUT/.work/<fingerprint>/` (`memprune.llm.chunked`: the fingerprint covers the generation rows, the
+LLM config, the prompt template and the chunk size), so a rerun of the same command resumes and only
+rescoring is repeated.
 """
 
 from __future__ import annotations

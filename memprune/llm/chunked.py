@@ -3,7 +3,7 @@
 The input table has a unique `row_id` column and the task's prompt columns. It is cut into
 chunks of consecutive rows; each chunk is one `run_llm` pass on Ray Data, saved atomically under
 `OUT/.work/<fingerprint>/` (`memprune.work.resumable_chunks`). The fingerprint covers the prompt
-inputs, the LLM config and the prompt template, so rerunning the same command after a crash or a
+inputs, the LLM config, the prompt template and the chunk size, so rerunning the same command after a crash or a
 kill redoes only the chunks that were not saved, and any change to what the outputs depend on
 starts afresh. Results come back in the input's row order.
 """
@@ -29,15 +29,16 @@ def results_schema(task: Task) -> pa.Schema:
     return pa.schema([pa.field("row_id", pa.string(), nullable=False), *output_fields(task)])
 
 
-def work_payload(inputs: pa.Table, llm: LLMConfig, task: Task) -> dict[str, Any]:
-    """What the outputs depend on: a digest of the prompt inputs, the LLM config and the template's messages."""
+def work_payload(inputs: pa.Table, llm: LLMConfig, task: Task, chunk_rows: int) -> dict[str, Any]:
+    """What the saved chunks depend on: a digest of the prompt inputs, the LLM config, the template's messages
+    and the chunk size (chunk files of another size never mix with these)."""
     sink = pa.BufferOutputStream()
     table = inputs.combine_chunks()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     template = load_template(llm.prompt_name(task), task)
     return {"rows": hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest(), "llm": llm.model_dump(mode="json"),
-            "template": template.messages}
+            "template": template.messages, "chunk_rows": chunk_rows}
 
 
 def _run_chunk(inputs: pa.Table, llm: LLMConfig, task: Task, block_rows: int) -> pa.Table:
@@ -64,7 +65,7 @@ def run_llm_chunks(rows: pa.Table, columns: Sequence[str], llm: LLMConfig, task:
     """`run_llm(task)` over `rows` (its `row_id` + `columns`), resumable; the results table in row order and
     the chunk counts (`chunks`, `reused`, `work`)."""
     inputs = rows.select(["row_id", *columns])
-    work = WorkDir(out, work_payload(inputs, llm, task))
+    work = WorkDir(out, work_payload(inputs, llm, task, chunk_rows))
     results, stats = resumable_chunks(inputs, chunk_rows, work, lambda chunk: _run_chunk(chunk, llm, task, block_rows),
                                       results_schema(task), desc, progress, setup=ensure_ray)
     if results.column("row_id").to_pylist() != rows.column("row_id").to_pylist():
