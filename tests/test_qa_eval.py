@@ -274,7 +274,8 @@ def test_answer_and_verdict_prompts_parsing_and_schemas():
 
 def test_scores_intervals_and_tokens_of_a_small_table():
     from memprune.dialogue.config import BootstrapSettings
-    from memprune.qa.scoring import score_groups, token_table
+    from memprune.dialogue.scoring import cost_table
+    from memprune.qa.scoring import score_groups
 
     base = {"judge_error": None, "abstained": False, "tokens_in": 10, "tokens_out": 2}
     rows = []
@@ -301,7 +302,7 @@ def test_scores_intervals_and_tokens_of_a_small_table():
     idx = M.bootstrap_indices(4, 300, 1)  # the same resamples for both conditions: a paired interval
     d = M.mean_bootstrap(np.array([1.0, 0.0, 0.0, 1.0]), idx) - M.mean_bootstrap(np.array([1.0, 0.5, 0.0, 1.0]), idx)
     assert diff["ci"] == pytest.approx(M.percentile_ci(d, 0.95)) and diff["p_better"] == 0.0
-    tokens = token_table(table, ["all", "pruned"])
+    tokens = cost_table(table, ["all", "pruned"], unit="questions", notes="notes")
     assert tokens["pruned"]["memory_tokens"]["total"] == 100 and tokens["all"]["memory_tokens"]["total"] == 400
     assert tokens["pruned"]["memory_tokens_vs_all_pct"] == pytest.approx(-75.0)
     assert tokens["all"]["engine_tokens_in"] == 40

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from memprune.dialogue.plan import (
 from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import cost_table, score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
+from memprune.errors import MemPruneError
 from memprune.io import JsonlSink, atomic_path, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import results_schema, run_llm_chunks
@@ -102,6 +104,18 @@ def load_keep(path: str | Path) -> tuple[dict[str, bool], dict[str, Any]]:
         except (ValueError, OSError):
             pass
     return keep, info
+
+
+def missing_from_store(keep: Mapping[str, bool], bullet_ids: Iterable[str], store: str, policy: str, what: str,
+                       error: type[MemPruneError] = DialogueError) -> list[str]:
+    """The memory bullets absent from the pruned store, sorted; with `policy` "error" any is an `error` naming
+    the store (`pruned_missing: drop` counts them as not kept instead)."""
+    missing = sorted({b for b in bullet_ids if b not in keep})
+    if missing and policy == "error":
+        raise error(f"{store}: {len(missing)} memory bullet(s) of {what} are not in the pruned store, e.g. "
+                    f"{missing[0]!r} (was it pruned from another bullets table? set pruned_missing: drop to count "
+                    f"them as not kept)")
+    return missing
 
 
 class TokenCounter:
@@ -176,14 +190,8 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
     needs_keep = "pruned" in cfg.conditions or ("retrieval" in cfg.conditions and cfg.retrieval_k == "pruned")
     if cfg.pruned and needs_keep:
         keep, pruned_info = load_keep(cfg.pruned)
-        for t in sampled.targets:
-            missing.extend(b.bullet_id for b in memory_pool(by_session, t.conversation_id, t.session_index)
-                           if b.bullet_id not in keep)
-        missing = sorted(set(missing))
-        if missing and cfg.pruned_missing == "error":
-            raise DialogueError(f"{cfg.pruned}: {len(missing)} memory bullet(s) of the evaluated turns are not in the "
-                                f"pruned store, e.g. {missing[0]!r} (was it pruned from another bullets table? "
-                                f"set pruned_missing: drop to count them as not kept)")
+        missing = missing_from_store(keep, (b.bullet_id for t in sampled.targets for b in memory_pool(
+            by_session, t.conversation_id, t.session_index)), cfg.pruned, cfg.pruned_missing, "the evaluated turns")
         pruned_info["missing_bullets"] = len(missing)
 
     encoder_dir = resolve_encoder(cfg.encoder)

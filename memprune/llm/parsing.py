@@ -110,6 +110,14 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
+def _json_body(text: str | None) -> tuple[Any, Parsed | None]:
+    """The whole output (optionally in a ``` fence) decoded as JSON, or the `Parsed` error saying why not."""
+    try:
+        return json.loads(_strip_fence(text or "")), None
+    except ValueError as exc:
+        return None, Parsed(error=f"not JSON ({exc.msg})")
+
+
 def _strict_then_lenient(text: str | None, strict: Callable[[str], Parsed], lenient: Callable[[str], Parsed],
                          what: str) -> Parsed:
     """`strict(text)`, else `lenient(text)`; empty text is an error, and a failure names both reasons."""
@@ -129,11 +137,9 @@ def _strict_then_lenient(text: str | None, strict: Callable[[str], Parsed], leni
 
 def parse_judge_strict(text: str) -> Parsed:
     """The whole output (optionally in a ``` fence) is `{"score": x}` with x a number in [0, 1]."""
-    body = _strip_fence(text or "")
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        return Parsed(error=f"not JSON ({exc.msg})")
+    obj, failed = _json_body(text)
+    if failed is not None:
+        return failed
     if not isinstance(obj, dict):
         return Parsed(error=f"JSON {type(obj).__name__}, expected an object")
     if set(obj) != {"score"}:
@@ -258,11 +264,9 @@ def _bullets_from_items(items: list[Any], labels: Mapping[str, str], speakers: s
 
 def parse_summary_strict(text: str, labels: Mapping[str, str], speakers: set[str] | None = None) -> Parsed:
     """The whole output (optionally fenced) is `{"bullets": [{"speaker", "text", "evidence"}]}`."""
-    body = _strip_fence(text or "")
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        return Parsed(error=f"not JSON ({exc.msg})")
+    obj, failed = _json_body(text)
+    if failed is not None:
+        return failed
     if not isinstance(obj, dict) or set(obj) != {"bullets"} or not isinstance(obj["bullets"], list):
         return Parsed(error="expected exactly {\"bullets\": [...]}")
     return _bullets_from_items(obj["bullets"], labels, speakers, strict=True)
@@ -381,11 +385,9 @@ _VERDICT_WORD = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
 
 def parse_qa_judge_strict(text: str) -> Parsed:
     """The whole output (optionally fenced) is `{"verdict": "CORRECT"}` or `{"verdict": "WRONG"}`."""
-    body = _strip_fence(text or "")
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        return Parsed(error=f"not JSON ({exc.msg})")
+    obj, failed = _json_body(text)
+    if failed is not None:
+        return failed
     if not isinstance(obj, dict) or set(obj) != {"verdict"}:
         return Parsed(error="expected exactly {\"verdict\": ...}")
     if obj["verdict"] not in VERDICTS:

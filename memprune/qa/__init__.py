@@ -27,7 +27,7 @@ from memprune.qa.metrics import (
 )
 from memprune.qa.plan import CONDITIONS, Corpus, QAError, Question, build_rows, load_questions, select_questions
 from memprune.qa.report import render_markdown, write_figure
-from memprune.qa.scoring import score_groups, token_table
+from memprune.qa.scoring import score_groups
 from memprune.qa.stage import run, run_qa_eval
 
 __all__ = [
@@ -51,6 +51,5 @@ __all__ = [
     "score_groups",
     "select_questions",
     "token_f1",
-    "token_table",
     "write_figure",
 ]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from memprune.dialogue.config import BootstrapSettings
+from memprune.dialogue.config import MemoryEvalConfig
 from memprune.llm import LLMConfig
 from memprune.qa.plan import CONDITIONS, needs_keep
 
@@ -15,18 +15,12 @@ LOCOMO_CATEGORIES: dict[int, str] = {1: "multi-hop", 2: "temporal", 3: "open-dom
                                      5: "adversarial"}
 
 
-class QAEvalConfig(BaseModel):
-    """Config of the QA evaluation (`jobs/qa_eval.py`, `memprune qa-eval`)."""
+class QAEvalConfig(MemoryEvalConfig):
+    """Config of the QA evaluation (`jobs/qa_eval.py`, `memprune qa-eval`); `llm` is the answering model."""
 
-    model_config = ConfigDict(extra="forbid")
+    CONDITIONS: ClassVar[tuple[str, ...]] = CONDITIONS
 
     data: str = Field(..., description="Corpus directory with qa.parquet, sessions.parquet and bullets.parquet.")
-    pruned: str | None = Field(None, description="Pruned store: a `memprune prune` output dir, its pruned/ dir, "
-                                                 "or a Parquet file with bullet_id and keep.")
-    out: str = Field(..., description="Output directory.")
-    llm_config: str | None = Field(None, description="YAML file of the answering LLM's config.")
-    llm: dict[str, Any] | None = Field(None, description="Inline answering LLM config (instead of llm_config).")
-    llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the answering LLM.")
     judge_llm_config: str | None = Field(None, description="YAML file of the judge LLM (CORRECT/WRONG); none = no judge.")
     judge_llm: dict[str, Any] | None = Field(None, description="Inline judge LLM config (instead of judge_llm_config).")
     judge_llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the judge LLM.")
@@ -50,24 +44,8 @@ class QAEvalConfig(BaseModel):
     encoder: str | None = Field(None, description="Encoder of the retrieval baseline (local dir or hub id; "
                                                   "None = the local all-MiniLM-L6-v2); also the token unit "
                                                   "when the answering model is not a local directory.")
-    encoder_max_length: int = Field(256, ge=8)
-    encoder_batch_size: int = Field(64, ge=1)
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the retrieval encoder.")
-    pruned_missing: Literal["error", "drop"] = Field(
-        "error", description="A memory bullet absent from the pruned store: error, or count it as not kept.")
-    bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
     chunk_questions: int = Field(128, ge=1, description="Questions per resumable generation chunk.")
-    block_rows: int = Field(16, ge=1, description="Rows per Ray Data block (spreads work over engine replicas).")
     figures: bool = Field(True, description="Draw qa.png (accuracy against memory tokens).")
-    progress: bool = True
-
-    @field_validator("conditions")
-    @classmethod
-    def _conditions(cls, value: list[str]) -> list[str]:
-        bad = [c for c in value if c not in CONDITIONS]
-        if bad or not value or len(set(value)) != len(value):
-            raise ValueError(f"conditions must be distinct values among {list(CONDITIONS)}, got {value}")
-        return value
 
     @field_validator("retrieval_k")
     @classmethod
@@ -78,18 +56,12 @@ class QAEvalConfig(BaseModel):
 
     @model_validator(mode="after")
     def _checks(self) -> "QAEvalConfig":
-        if (self.llm is None) == (self.llm_config is None):
-            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
         if self.judge_llm is not None and self.judge_llm_config is not None:
             raise ValueError("set at most one of `judge_llm_config` (a YAML file) or an inline `judge_llm` section")
         if needs_keep(self.conditions, self.retrieval_k) and not self.pruned:
             raise ValueError("the pruned condition (and retrieval_k: pruned / pruned_tokens) needs `pruned` "
                              "(a `memprune prune` output)")
         return self
-
-    def llm_settings(self) -> LLMConfig:
-        """The answering LLM's config from the file or the inline section, with overrides applied."""
-        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
 
     def judge_settings(self) -> LLMConfig | None:
         """The judge LLM's config, or None when no judge is configured (no CORRECT/WRONG verdicts)."""

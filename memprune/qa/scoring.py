@@ -1,5 +1,6 @@
 """Scores of qa-eval per question group and memory condition: means with bootstrap intervals, paired
-differences between conditions, and the token cost of each condition (mean and p95).
+differences between conditions, and the tokens of each group (mean and p95; the cost table per condition
+is dialogue's `cost_table`).
 
 Every question has one row under every condition, and a failed answer or verdict scores 0 (it is
 counted as wrong, and its count is reported), so all conditions are scored on the same questions
@@ -16,18 +17,10 @@ import pyarrow as pa
 
 from memprune.dialogue import metrics as M
 from memprune.dialogue.config import BootstrapSettings
+from memprune.dialogue.scoring import token_stats
 
 METRICS = ("f1", "bleu1", "judge")
 OVERALL, ANSWERABLE = "overall", "answerable"
-
-
-def token_stats(values: Sequence[float]) -> dict[str, float | None]:
-    """Mean, median, 95th percentile (linear interpolation) and total of per-question token counts."""
-    if not len(values):
-        return {"mean": None, "median": None, "p95": None, "total": 0}
-    arr = np.asarray(values, dtype=np.float64)
-    return {"mean": float(arr.mean()), "median": float(np.median(arr)), "p95": float(np.percentile(arr, 95)),
-            "total": float(arr.sum())}
 
 
 def category_label(category: int | None, names: Mapping[int, str]) -> str:
@@ -101,27 +94,3 @@ def score_groups(answers: pa.Table, conditions: Sequence[str], names: Mapping[in
             metrics[group][c] = entry
         comparisons[group] = M.comparisons(points, boots, conditions, METRICS, conf) if ids else {}
     return {"groups": sizes, "metrics": metrics, "comparisons": comparisons}
-
-
-def token_table(answers: pa.Table, conditions: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per condition: memory notes, memory tokens and prompt tokens per question (mean, median, p95, total),
-    the engine's own token counts, and the change of the totals against `all` in percent."""
-    rows = answers.select(["condition", "n_memory", "memory_tokens", "prompt_tokens", "tokens_in",
-                           "tokens_out"]).to_pylist()
-    out: dict[str, dict[str, Any]] = {}
-    for c in conditions:
-        mine = [r for r in rows if r["condition"] == c]
-        out[c] = {
-            "questions": len(mine),
-            "notes": token_stats([r["n_memory"] for r in mine]),
-            "memory_tokens": token_stats([r["memory_tokens"] for r in mine]),
-            "prompt_tokens": token_stats([r["prompt_tokens"] for r in mine]),
-            "engine_tokens_in": sum(r["tokens_in"] or 0 for r in mine),
-            "engine_tokens_out": sum(r["tokens_out"] or 0 for r in mine),
-        }
-    if "all" in out:
-        for entry in out.values():
-            for key in ("memory_tokens", "prompt_tokens"):
-                base, value = out["all"][key]["total"], entry[key]["total"]
-                entry[f"{key}_vs_all_pct"] = 100.0 * (value - base) / base if base else None
-    return out

@@ -30,7 +30,8 @@ from rich.console import Console
 from tqdm import tqdm
 
 from memprune.dialogue.plan import bullets_by_session
-from memprune.dialogue.stage import TokenCounter, load_keep
+from memprune.dialogue.scoring import cost_table
+from memprune.dialogue.stage import TokenCounter, load_keep, missing_from_store
 from memprune.encoders import SentenceEncoder, resolve_encoder
 from memprune.io import JsonlSink, atomic_path, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
@@ -40,7 +41,7 @@ from memprune.qa.config import QAEvalConfig
 from memprune.qa.metrics import ABSTAIN, ABSTAIN_MARKERS, score_answer
 from memprune.qa.plan import ROWS, Corpus, QAError, build_rows, load_questions, needs_keep, select_questions
 from memprune.qa.report import render_markdown, write_figure
-from memprune.qa.scoring import category_label, score_groups, token_table
+from memprune.qa.scoring import category_label, score_groups
 from memprune.rejects import Ledger
 from memprune.runtime import torch_device
 
@@ -157,12 +158,9 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
     if needs_keep(cfg.conditions, cfg.retrieval_k):
         keep, pruned_info = load_keep(cfg.pruned)
         convs = {q.conversation_id for q in questions}
-        missing = sorted(b.bullet_id for c in convs for s in corpus.by_session.get(c, {}).values() for b in s
-                         if b.bullet_id not in keep)
-        if missing and cfg.pruned_missing == "error":
-            raise QAError(f"{cfg.pruned}: {len(missing)} memory bullet(s) of the evaluated conversations are not in "
-                          f"the pruned store, e.g. {missing[0]!r} (was it pruned from another bullets table? set "
-                          f"pruned_missing: drop to count them as not kept)")
+        missing = missing_from_store(keep, (b.bullet_id for c in convs for s in corpus.by_session.get(c, {}).values()
+                                            for b in s), cfg.pruned, cfg.pruned_missing,
+                                     "the evaluated conversations", QAError)
         pruned_info["missing_bullets"] = len(missing)
 
     encoder_dir = resolve_encoder(cfg.encoder)
@@ -242,7 +240,7 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
         "groups": scores["groups"],
         "metrics": scores["metrics"],
         "comparisons": scores["comparisons"],
-        "tokens": token_table(answers, cfg.conditions),
+        "tokens": cost_table(answers, cfg.conditions, unit="questions", notes="notes"),
         "token_unit": counter.unit,
         "memory": {"scope": cfg.scope, "dialogue_tokens": cfg.dialogue_tokens,
                    "retrieval": {"k": cfg.retrieval_k, "encoder": encoder_dir, "query": "the question",
