@@ -152,27 +152,29 @@ def test_memory_conditions_budgets_and_scopes(locomo):
     b = [f"locomo:mini-1:s1:b{i}" for i in range(5)] + ["locomo:mini-1:s2:b1", "locomo:mini-1:s2:b3"]
     keep = {b[0]: True, b[1]: False, b[2]: False, b[3]: True, b[4]: False, b[5]: False, b[6]: True}
     rows = build_rows(q0, corpus, CONDITIONS, words, keep=keep, embed=_fake_embed, retrieval_k="pruned",
-                      dialogue_tokens=20).to_pylist()
+                      dialogue_tokens=40).to_pylist()
     got = {r["condition"]: r for r in rows}
     assert [r["condition"] for r in rows] == CONDITIONS and len({r["question"] for r in rows}) == 1
     assert got["none"]["memory_ids"] == [] and got["none"]["memory_tokens"] == 0
     assert got["all"]["memory_ids"] == b and got["all"]["pool_size"] == 7
-    # words of the 7 bullets: 6 + 5 + 7 + 7 + 7 + 4 + 6
-    assert got["all"]["memory_tokens"] == 42
-    assert got["pruned"]["memory_ids"] == [b[0], b[3], b[6]] and got["pruned"]["memory_tokens"] == 6 + 7 + 6
+    # memory tokens count the rendered notes; with `words` a note costs the words of its text plus 8 chunks:
+    # <note | session="1" | time="1:56 | pm | on | 8 | May, | 2023" | speaker="Alice">Alice | adopted | ...
+    # the 7 bullets have 6 + 5 + 7 + 7 + 7 + 4 + 6 = 42 words
+    assert got["all"]["memory_tokens"] == 42 + 7 * 8
+    assert got["pruned"]["memory_ids"] == [b[0], b[3], b[6]] and got["pruned"]["memory_tokens"] == 6 + 7 + 6 + 3 * 8
     # the two cat bullets are most similar to the question; k = 3 (the pruned count) adds the earliest tie
     assert got["retrieval"]["memory_ids"] == [b[0], b[1], b[2]]
-    # dialogue: the most recent turns within 20 words: s2:t2 (9) + s2:t0 (8) = 17; s1:t3 (8) would exceed
+    # dialogue: the most recent turns within 40: s2:t2 (9 + 8) + s2:t0 (8 + 8) = 33; s1:t3 (8 + 8) would exceed
     assert got["dialogue"]["memory_ids"] == ["locomo:mini-1:s2:t0", "locomo:mini-1:s2:t2"]
-    assert got["dialogue"]["memory_tokens"] == 17 and got["dialogue"]["truncated"] == 4
+    assert got["dialogue"]["memory_tokens"] == 33 and got["dialogue"]["truncated"] == 4
     assert got["dialogue"]["pool_size"] == 6
     notes = got["all"]["memory"]
     assert notes[0] == {"id": b[0], "session_index": 1, "time": "1:56 pm on 8 May, 2023", "speaker": "Alice",
                         "text": "Alice adopted a cat named Miso."}
     assert notes[-1]["time"] == "7:30 pm on 20 May, 2023"
-    # equal token budget: cat bullets (6 + 7), then the earliest that still fits (b1: 5) -> 18 <= 19
+    # equal token budget (43): the cat bullets (14 + 15), then the earliest that still fits (b1: 13) -> 42
     same = build_rows(q0, corpus, ["retrieval"], words, keep=keep, embed=_fake_embed, retrieval_k="pruned_tokens")
-    assert same.column("memory_ids").to_pylist() == [[b[0], b[1], b[2]]] and same.column("memory_tokens")[0].as_py() == 18
+    assert same.column("memory_ids").to_pylist() == [[b[0], b[1], b[2]]] and same.column("memory_tokens")[0].as_py() == 42
     fixed = build_rows(q0, corpus, ["retrieval"], words, embed=_fake_embed, retrieval_k=2)
     assert fixed.column("memory_ids").to_pylist() == [[b[0], b[2]]]
     # evidence scope: q0 cites session 1 only, so neither session-2 bullets nor session-2 turns
@@ -352,7 +354,7 @@ def hf_run(ray_local, tiny_llm, locomo, store, tmp_path_factory):
     llm.write_text(f"engine: hf\nmodel: {tiny_llm}\ndtype: float32\nmax_model_len: 2048\nbatch_size: 8\n"
                    f"stage_num_cpus: 0.25\nmax_retries: 0\nsampling:\n  max_tokens: {{answer: 8}}\n")
     out = root / "out"
-    settings = ["chunk_questions=4", "dialogue_tokens=40", "bootstrap.samples=200", "progress=false"]
+    settings = ["chunk_questions=4", "dialogue_tokens=150", "bootstrap.samples=200", "progress=false"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
     cmd = [sys.executable, str(REPO / "jobs" / "qa_eval.py"), str(REPO / "configs" / "qa-eval.yaml"), f"data={locomo}",
@@ -386,7 +388,7 @@ def hf_run(ray_local, tiny_llm, locomo, store, tmp_path_factory):
         (ref / ".work" / answers_work / "chunk-00000.parquet").unlink()
         (ref / "answers.parquet").unlink()
         reference = run_qa_eval(QAEvalConfig(data=str(locomo), pruned=str(store), out=str(ref), llm_config=str(llm),
-                                             judge_llm_config=str(judge), chunk_questions=4, dialogue_tokens=40,
+                                             judge_llm_config=str(judge), chunk_questions=4, dialogue_tokens=150,
                                              bootstrap={"samples": 200}, progress=False))
     return {"out": out, "ref": ref, "killed": killed, "cli": result.output, "requests": requests,
             "summary": json.loads((out / "qa.json").read_text()), "reference": reference}
@@ -422,7 +424,7 @@ def test_hf_end_to_end_every_question_accounted(hf_run, store, tiny_llm):
         assert conds["pruned"]["memory_ids"] == [b for b in pool if keep[b]]
         assert set(conds["retrieval"]["memory_ids"]) <= set(pool)
         assert conds["retrieval"]["memory_tokens"] <= conds["pruned"]["memory_tokens"]  # equal token budget
-        assert 0 < conds["dialogue"]["memory_tokens"] <= 40 and conds["dialogue"]["truncated"] > 0
+        assert 0 < conds["dialogue"]["memory_tokens"] <= 150 and conds["dialogue"]["truncated"] > 0
         assert conds["none"]["prompt_tokens"] < conds["all"]["prompt_tokens"]
     # verdicts: the scripted judge on answered answerable rows, abstention on the unanswerable ones
     for r in rows:
@@ -454,7 +456,7 @@ def test_hf_end_to_end_every_question_accounted(hf_run, store, tiny_llm):
     assert len((out / "rejects.jsonl").read_text().splitlines()) == errors == summary["rejects"]
     md = (out / "qa.md").read_text()
     for label in ("No memory", "All memory", "Pruned memory (t=0.5, k=2)", "Retrieval (pruned token budget)",
-                  "Dialogue (last 40 tokens)", "### multi-hop (3 questions)", "### adversarial (2 questions)",
+                  "Dialogue (last 150 tokens)", "### multi-hop (3 questions)", "### adversarial (2 questions)",
                   "pruned-all", "J (judge)", "seen = answered + errors"):
         assert label in md, label
     assert (out / "qa.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -482,7 +484,7 @@ def test_vllm_cpu_end_to_end(ray_local, tiny_llm, locomo, store, tmp_path):
     out = tmp_path / "out"
     args = ["qa-eval", "--data", str(locomo), "--pruned", str(store), "--llm-config", str(REPO / "configs/llm/vllm-cpu.yaml"),
             "--llm-set", f"model={tiny_llm}", "--llm-set", "max_retries=0", "--llm-set", "sampling.max_tokens.answer=8",
-            "--out", str(out), "--retrieval-k", "2", "--set", "dialogue_tokens=60", "--set", "bootstrap.samples=100",
+            "--out", str(out), "--retrieval-k", "2", "--set", "dialogue_tokens=150", "--set", "bootstrap.samples=100",
             "--set", "progress=false"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -496,7 +498,7 @@ def test_vllm_cpu_end_to_end(ray_local, tiny_llm, locomo, store, tmp_path):
         assert summary["metrics"]["overall"][c]["f1"]["value"] == pytest.approx(np.mean([r["f1"] for r in mine]))
         assert summary["metrics"]["overall"][c]["judge"] is None
     assert all(r["n_memory"] == min(2, r["pool_size"]) for r in rows if r["condition"] == "retrieval")
-    assert all(r["memory_tokens"] <= 60 for r in rows if r["condition"] == "dialogue")
+    assert all(r["memory_tokens"] <= 150 for r in rows if r["condition"] == "dialogue")
     ok = [r for r in rows if r["error"] is None]
     assert ok and all(0 < r["tokens_out"] <= 8 and r["attempts"] == 1 for r in ok)
     assert all(r["tokens_in"] == r["prompt_tokens"] for r in ok)  # vLLM's count = ours (same chat template)

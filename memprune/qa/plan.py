@@ -21,8 +21,10 @@ without evidence falls back to every session).
 
 Notes carry the session index and date (`time`) of their session and the speaker, in
 chronological order (session, then position), so the set of notes is the only variable.
-Memory tokens are the sum of the token counts of the note texts (`count`), which is what the
-dialogue budget and the equal-token retrieval budget are measured in.
+Memory tokens are what the notes cost in the prompt: the token counts (`count`) of the notes as
+the prompt renders them (`<note session time speaker>text</note>`, `memprune.llm.prompts.render_note`),
+summed. The dialogue budget and the equal-token retrieval budget are measured in them, so a budget
+bounds the prompt.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import pyarrow as pa
 
 from memprune.dialogue.plan import Bullet, memory_pool, rank_key, top_k
 from memprune.errors import MemPruneError
+from memprune.llm.prompts import render_note
 
 CONDITIONS: tuple[str, ...] = ("none", "all", "pruned", "retrieval", "dialogue")
 Scope = Literal["last_session", "evidence"]
@@ -241,7 +244,7 @@ def build_rows(questions: Sequence[Question], corpus: Corpus, conditions: Sequen
                scope: Scope = "last_session") -> pa.Table:
     """The `ROWS` table: one row per question x condition, the conditions of a question adjacent.
 
-    `count(texts) -> token counts` measures memory tokens; `keep` maps bullet id -> kept (a bullet
+    `count(texts) -> token counts` measures the rendered notes; `keep` maps bullet id -> kept (a bullet
     missing from it counts as not kept: the caller decides whether that is an error); `embed(texts)
     -> L2-normalised vectors` serves retrieval, each distinct text embedded once.
     """
@@ -251,9 +254,11 @@ def build_rows(questions: Sequence[Question], corpus: Corpus, conditions: Sequen
              for q, end in zip(questions, ends)]
     turns = [[t for t in corpus.turns.get(q.conversation_id, []) if end is not None and t.session_index <= end]
              for q, end in zip(questions, ends)]
-    texts = sorted({b.text for pool in pools for b in pool}
-                   | ({t.text for window in turns for t in window} if "dialogue" in conditions else set()))
-    tokens = dict(zip(texts, (int(n) for n in count(texts)))) if texts else {}
+    notes = {b.bullet_id: bullet_note(b, corpus.times) for pool in pools for b in pool}
+    if "dialogue" in conditions:
+        notes.update({t.turn_id: turn_note(t) for window in turns for t in window})
+    ids = sorted(notes)
+    cost = dict(zip(ids, (int(n) for n in count([render_note(notes[i], 0) for i in ids])))) if ids else {}
     vectors: dict[str, np.ndarray] = {}
     if "retrieval" in conditions:
         wanted = sorted({b.text for pool in pools for b in pool} | {q.question for q in questions})
@@ -268,25 +273,24 @@ def build_rows(questions: Sequence[Question], corpus: Corpus, conditions: Sequen
         for condition in conditions:
             truncated, size = 0, len(pool)
             if condition == "dialogue":
-                n = recent_within([tokens[t.text] for t in window], dialogue_tokens)
-                notes = [turn_note(t) for t in window[len(window) - n:]]
+                n = recent_within([cost[t.turn_id] for t in window], dialogue_tokens)
+                memory = [notes[t.turn_id] for t in window[len(window) - n:]]
                 truncated, size = len(window) - n, len(window)
             else:
-                chosen = _bullets(condition, q, pool, kept, vectors, tokens, retrieval_k)
-                notes = [bullet_note(b, corpus.times) for b in chosen]
+                memory = [notes[b.bullet_id] for b in _bullets(condition, q, pool, kept, vectors, cost, retrieval_k)]
             rows.append({
                 "row_id": f"{q.qa_id}|{condition}", "qa_id": q.qa_id, "conversation_id": q.conversation_id,
                 "category": q.category, "question": q.question, "gold": q.gold, "answerable": q.answerable,
-                "condition": condition, "memory": notes, "memory_ids": [n["id"] for n in notes],
-                "n_memory": len(notes), "memory_tokens": sum(tokens[n["text"]] for n in notes),
+                "condition": condition, "memory": memory, "memory_ids": [n["id"] for n in memory],
+                "n_memory": len(memory), "memory_tokens": sum(cost[n["id"]] for n in memory),
                 "pool_size": size, "truncated": truncated, "scope_session": end,
             })
     return pa.Table.from_pylist(rows, schema=ROWS)
 
 
 def _bullets(condition: str, q: Question, pool: list[Bullet], kept: list[Bullet], vectors: Mapping[str, np.ndarray],
-             tokens: Mapping[str, int], retrieval_k: RetrievalK) -> list[Bullet]:
-    """The bullets of one bullet-memory condition, chronologically."""
+             cost: Mapping[str, int], retrieval_k: RetrievalK) -> list[Bullet]:
+    """The bullets of one bullet-memory condition, chronologically (`cost`: bullet id -> memory tokens)."""
     if condition == "none" or not pool:
         return []
     if condition == "all":
@@ -295,7 +299,7 @@ def _bullets(condition: str, q: Question, pool: list[Bullet], kept: list[Bullet]
         return kept
     sims = np.array([float(vectors[b.text] @ vectors[q.question]) for b in pool])
     if retrieval_k == "pruned_tokens":
-        budget = sum(tokens[b.text] for b in kept)
-        return [pool[i] for i in fill_budget(sims, [tokens[b.text] for b in pool], budget)]
+        budget = sum(cost[b.bullet_id] for b in kept)
+        return [pool[i] for i in fill_budget(sims, [cost[b.bullet_id] for b in pool], budget)]
     k = len(kept) if retrieval_k == "pruned" else int(retrieval_k)
     return [pool[i] for i in top_k(sims, k)]

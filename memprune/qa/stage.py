@@ -246,7 +246,8 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
                    "retrieval": {"k": cfg.retrieval_k, "encoder": encoder_dir, "query": "the question",
                                  "similarity": "cosine of L2-normalised mean-pooled embeddings"}
                    if "retrieval" in cfg.conditions else None,
-                   "memory_tokens": "sum of the token counts of the note texts (no tags, dates or speakers)"},
+                   "memory_tokens": "the notes as the prompt renders them (text with session, date and speaker "
+                                    "tags), token counts summed"},
         "pruned": pruned_info,
         "llm_outcome": {c: outcome_summary(answered.filter(pc.equal(rows.column("condition"), c)))
                         for c in cfg.conditions},
