@@ -20,6 +20,7 @@ not finished, and only the scoring is repeated.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,16 @@ from memprune.llm.chunked import run_llm_chunks
 from memprune.llm.prompts import answer_messages, load_template
 from memprune.qa.config import QAEvalConfig
 from memprune.qa.metrics import ABSTAIN, ABSTAIN_MARKERS, score_answer
-from memprune.qa.plan import ROWS, Corpus, QAError, build_rows, load_questions, needs_keep, select_questions
+from memprune.qa.plan import (
+    ROWS,
+    Corpus,
+    QAError,
+    Question,
+    build_rows,
+    load_questions,
+    needs_keep,
+    select_questions,
+)
 from memprune.qa.report import render_markdown, write_figure
 from memprune.qa.scoring import category_label, score_groups
 from memprune.rejects import Ledger
@@ -139,22 +149,31 @@ def accounting(answers: pa.Table, conditions: list[str], judged: bool) -> dict[s
     return out
 
 
-def run(cfg: QAEvalConfig) -> dict[str, Any]:
-    """Plan the questions x conditions, answer, judge, score; write OUT/ and return qa.json."""
-    started = time.perf_counter()
-    data, out = Path(cfg.data), Path(cfg.out)
-    llm, judge = cfg.llm_settings(), cfg.judge_settings()
-    load_template(llm.prompt_name("answer"), "answer")
-    if judge is not None:
-        load_template(judge.prompt_name("qa_judge"), "qa_judge")
+@dataclass
+class Plan:
+    """The answer rows of a run and what the report says about how they were chosen."""
+
+    questions: list[Question]
+    table_questions: int
+    excluded: dict[str, int]
+    rows: pa.Table
+    prompt_tokens: list[int]
+    token_unit: str
+    encoder: str
+    pruned: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+
+
+def plan(cfg: QAEvalConfig, llm: LLMConfig) -> Plan:
+    """Questions, memory conditions and answer rows with their token counts (no LLM call yet)."""
+    data = Path(cfg.data)
     qa, sessions, bullets = read_corpus(data)
     all_questions = load_questions(qa)
     questions, excluded = select_questions(all_questions, cfg.questions, cfg.seed, cfg.categories)
     if not questions:
         raise QAError(f"{data / 'qa.parquet'}: no question left after the filters (categories {cfg.categories})")
     corpus = Corpus.build(sessions, bullets_by_session(bullets))
-
-    keep, pruned_info, missing = None, None, []
+    keep, pruned_info, notes = None, None, []
     if needs_keep(cfg.conditions, cfg.retrieval_k):
         keep, pruned_info = load_keep(cfg.pruned)
         convs = {q.conversation_id for q in questions}
@@ -162,7 +181,8 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
                                             for b in s), cfg.pruned, cfg.pruned_missing,
                                      "the evaluated conversations", QAError)
         pruned_info["missing_bullets"] = len(missing)
-
+        if missing:
+            notes.append(f"{len(missing)} memory bullet(s) absent from the pruned store counted as not kept")
     encoder_dir = resolve_encoder(cfg.encoder)
     embed = None
     if "retrieval" in cfg.conditions:
@@ -172,16 +192,40 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
     rows = build_rows(questions, corpus, cfg.conditions, lambda texts: [counter.text(t) for t in texts], keep=keep,
                       embed=embed, retrieval_k=cfg.retrieval_k, dialogue_tokens=cfg.dialogue_tokens, scope=cfg.scope)
     prompts = prompt_tokens(rows, llm, counter, cfg.progress)
-    console.print(f"qa-eval: {len(questions)} questions x {len(cfg.conditions)} conditions = {rows.num_rows} answers "
-                  f"with {llm.describe('answer')}" + (f", verdicts by {judge.describe('qa_judge')}" if judge else ""),
-                  highlight=False)
-    notes: list[str] = []
-    limit = llm.max_model_len
-    if limit:
-        over = sum(1 for p in prompts if p + llm.sampling.max_tokens_for("answer", 1) > limit)
+    if llm.max_model_len:
+        over = sum(1 for p in prompts if p + llm.sampling.max_tokens_for("answer", 1) > llm.max_model_len)
         if over:
-            notes.append(f"{over} answer prompt(s) plus max_tokens exceed the generator's max_model_len {limit}: they "
-                         f"fail as error rows (lower dialogue_tokens or raise max_model_len)")
+            notes.append(f"{over} answer prompt(s) plus max_tokens exceed the generator's max_model_len "
+                         f"{llm.max_model_len}: they fail as error rows (lower dialogue_tokens or raise max_model_len)")
+    return Plan(questions, len(all_questions), excluded, rows, prompts, counter.unit, encoder_dir, pruned_info, notes)
+
+
+def answers_table(cfg: QAEvalConfig, planned: Plan, answered: pa.Table, judged: dict[str, dict[str, Any]] | None
+                  ) -> pa.Table:
+    """The `ANSWERS` table: the plan's rows, the answers, their scores and verdicts."""
+    table = planned.rows.append_column("prompt_tokens", pa.array(planned.prompt_tokens, pa.int64()))
+    for name in ANSWER_OUT:
+        table = table.append_column(ANSWERS.field(name), answered.column(name))
+    records = table.to_pylist()
+    for r in records:
+        r["f1"], r["bleu1"], r["abstained"] = score_answer(r["prediction"], r["gold"], r["category"], cfg.f1_rules)
+    verdicts(records, judged)
+    return pa.Table.from_pylist(records, schema=ANSWERS)
+
+
+def run(cfg: QAEvalConfig) -> dict[str, Any]:
+    """Plan the questions x conditions, answer, judge, score; write OUT/ and return qa.json."""
+    started = time.perf_counter()
+    out = Path(cfg.out)
+    llm, judge = cfg.llm_settings(), cfg.judge_settings()
+    load_template(llm.prompt_name("answer"), "answer")
+    if judge is not None:
+        load_template(judge.prompt_name("qa_judge"), "qa_judge")
+    planned = plan(cfg, llm)
+    rows = planned.rows
+    console.print(f"qa-eval: {len(planned.questions)} questions x {len(cfg.conditions)} conditions = {rows.num_rows} "
+                  f"answers with {llm.describe('answer')}"
+                  + (f", verdicts by {judge.describe('qa_judge')}" if judge else ""), highlight=False)
     planned_s = time.perf_counter() - started
 
     out.mkdir(parents=True, exist_ok=True)
@@ -191,48 +235,37 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
                                              cfg.block_rows, "qa-eval: answer chunks", cfg.progress)
     judged, judge_chunks = None, None
     if judge is not None:
-        inputs = judge_inputs(rows, answered)
+        judged, inputs = {}, judge_inputs(rows, answered)
         if inputs.num_rows:
             result, judge_chunks = run_llm_chunks(inputs, ["question", "gold", "prediction"], judge, "qa_judge", out,
                                                   chunk_rows, cfg.block_rows, "qa-eval: verdict chunks", cfg.progress)
             judged = {r["row_id"]: r for r in result.to_pylist()}
-        else:
-            judged = {}
     generation_s = time.perf_counter() - t0
 
-    table = rows.append_column("prompt_tokens", pa.array(prompts, pa.int64()))
-    for name in ANSWER_OUT:
-        table = table.append_column(ANSWERS.field(name), answered.column(name))
-    records = table.to_pylist()
-    for r in records:
-        r["f1"], r["bleu1"], r["abstained"] = score_answer(r["prediction"], r["gold"], r["category"], cfg.f1_rules)
-    verdicts(records, judged)
-    answers = pa.Table.from_pylist(records, schema=ANSWERS)
+    answers = answers_table(cfg, planned, answered, judged)
     with atomic_path(out / "answers.parquet") as tmp:
         pq.write_table(answers, tmp)
     with JsonlSink(out / "rejects.jsonl") as sink:
         ledger = Ledger(sink)
         ledger.account(answered.select(["row_id", "error", "raw"]).to_pylist(), "answer", str(out / "answers.parquet"))
-        if judged:
-            ledger.account(list(judged.values()), "verdict", str(out / "answers.parquet"))
-
+        ledger.account(list((judged or {}).values()), "verdict", str(out / "answers.parquet"))
     t1 = time.perf_counter()
     scores = score_groups(answers, cfg.conditions, cfg.category_names, cfg.bootstrap, judge is not None)
     scoring_s = time.perf_counter() - t1
-    if missing:
-        notes.append(f"{len(missing)} memory bullet(s) absent from the pruned store counted as not kept")
+
+    questions = planned.questions
     by_category: dict[str, int] = {}
     for q in questions:
         label = category_label(q.category, cfg.category_names)
         by_category[label] = by_category.get(label, 0) + 1
     summary: dict[str, Any] = {
         "format": QA_FORMAT,
-        "data": str(data),
+        "data": cfg.data,
         "out": str(out),
         "generator": llm.describe("answer"),
         "judge": judge.describe("qa_judge") if judge else None,
         "conditions": list(cfg.conditions),
-        "questions": {"table": len(all_questions), "evaluated": len(questions), "excluded": excluded,
+        "questions": {"table": planned.table_questions, "evaluated": len(questions), "excluded": planned.excluded,
                       "answerable": sum(q.answerable for q in questions),
                       "unanswerable": sum(not q.answerable for q in questions), "by_category": by_category,
                       "conversations": len({q.conversation_id for q in questions}), "seed": cfg.seed},
@@ -241,30 +274,21 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
         "metrics": scores["metrics"],
         "comparisons": scores["comparisons"],
         "tokens": cost_table(answers, cfg.conditions, unit="questions", notes="notes"),
-        "token_unit": counter.unit,
+        "token_unit": planned.token_unit,
         "memory": {"scope": cfg.scope, "dialogue_tokens": cfg.dialogue_tokens,
-                   "retrieval": {"k": cfg.retrieval_k, "encoder": encoder_dir, "query": "the question",
+                   "retrieval": {"k": cfg.retrieval_k, "encoder": planned.encoder, "query": "the question",
                                  "similarity": "cosine of L2-normalised mean-pooled embeddings"}
                    if "retrieval" in cfg.conditions else None,
                    "memory_tokens": "the notes as the prompt renders them (text with session, date and speaker "
                                     "tags), token counts summed"},
-        "pruned": pruned_info,
+        "pruned": planned.pruned,
         "llm_outcome": {c: outcome_summary(answered.filter(pc.equal(rows.column("condition"), c)))
                         for c in cfg.conditions},
         "judge_outcome": outcome_summary(pa.Table.from_pylist(list(judged.values()))) if judged else None,
         "rejects": sink.count,
-        "metric_settings": {
-            "f1": f"token F1 of the LoCoMo-normalised, Porter-stemmed words ({cfg.f1_rules} rules), 0-1",
-            "bleu1": "clipped unigram precision x brevity penalty on the normalised words (unstemmed), 0-1",
-            "judge": None if judge is None else "share of CORRECT verdicts of the judge LLM (prompt "
-                                                f"{Path(judge.prompt_name('qa_judge')).stem}), 0-1",
-            "unanswerable": f"scored by abstention: the answer contains one of {list(ABSTAIN_MARKERS)} "
-                            f"(the prompt asks for {ABSTAIN!r}) -> 1, else 0, on every metric",
-            "failures": "an answer or verdict that failed after retries scores 0 (counted as wrong)",
-            "bootstrap": cfg.bootstrap.model_dump(),
-        },
+        "metric_settings": metric_settings(cfg, judge),
         "chunks": {"answers": answer_chunks, "verdicts": judge_chunks},
-        "notes": notes,
+        "notes": planned.notes,
         "timing": {"plan_s": round(planned_s, 3), "generation_s": round(generation_s, 3),
                    "scoring_s": round(scoring_s, 3), "total_s": round(time.perf_counter() - started, 3)},
         "config": cfg.model_dump(mode="json"),
@@ -278,6 +302,20 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
     write_summary(out, "qa", summary, render_markdown(summary))
     console.print(f"qa-eval: {len(questions)} questions scored -> {out / 'qa.md'}", highlight=False)
     return summary
+
+
+def metric_settings(cfg: QAEvalConfig, judge: LLMConfig | None) -> dict[str, Any]:
+    """How each score is computed, for qa.json and the report."""
+    return {
+        "f1": f"token F1 of the LoCoMo-normalised, Porter-stemmed words ({cfg.f1_rules} rules), 0-1",
+        "bleu1": "clipped unigram precision x brevity penalty on the normalised words (unstemmed), 0-1",
+        "judge": None if judge is None else "share of CORRECT verdicts of the judge LLM (prompt "
+                                            f"{Path(judge.prompt_name('qa_judge')).stem}), 0-1",
+        "unanswerable": f"scored by abstention: the answer contains one of {list(ABSTAIN_MARKERS)} "
+                        f"(the prompt asks for {ABSTAIN!r}) -> 1, else 0, on every metric",
+        "failures": "an answer or verdict that failed after retries scores 0 (counted as wrong)",
+        "bootstrap": cfg.bootstrap.model_dump(),
+    }
 
 
 run_qa_eval = run
