@@ -131,11 +131,10 @@ def write_figure(summary: dict[str, Any], path: Path) -> None:
             ci = (e.get(m) or {}).get("ci")
             err = [[y - ci[0]], [ci[1] - y]] if ci else None
             ax.errorbar([x], [y], yerr=err, fmt="o", capsize=3, label=condition_label(c, summary))
-            ax.annotate(c, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
         ax.set_xscale("symlog", linthresh=10)
         ax.set_xlabel("memory tokens per question (mean)")
         ax.set_ylabel(f"{METRIC_NAMES[m]} ({group} questions)")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize=7, loc="best")
