@@ -519,6 +519,12 @@ def test_cli_and_job_errors_are_one_clear_line(tmp_path, locomo, store):
     result = CliRunner().invoke(app, ["qa-eval", "--data", str(locomo), "--llm-config", hf, "--out", str(tmp_path / "o"),
                                       "--conditions", "none,all", "--set", "categories=[9]"])
     assert result.exit_code == 2 and "no question left" in " ".join(result.output.split())
+    partial = tmp_path / "partial.parquet"
+    pq.write_table(pa.table({"bullet_id": ["locomo:mini-1:s1:b0"], "keep": [True]}), partial)
+    result = CliRunner().invoke(app, ["qa-eval", "--data", str(locomo), "--llm-config", hf, "--out", str(tmp_path / "o"),
+                                      "--pruned", str(partial), "--conditions", "all,pruned"])
+    assert result.exit_code == 2 and "10 memory bullet(s) of the evaluated conversations are not in the pruned store" \
+        in " ".join(result.output.split())
     assert run_job("qa_eval", QAEvalConfig, lambda c: {}, [str(REPO / "configs/qa-eval.yaml"), "conditions=[none,bogus]"]) == 2
     cfg = QAEvalConfig(data="d", out="o", llm_config=hf, judge_llm={"engine": "hf", "model": "m"}, conditions=["none"])
     assert cfg.judge_settings().model == "m" and QAEvalConfig(data="d", out="o", llm_config=hf,
