@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, NoReturn, Optional, TypeVar
 
 import typer
 from pydantic import BaseModel
 from rich.console import Console
-
-from memprune.errors import MemPruneError
 
 app = typer.Typer(
     add_completion=False,
@@ -37,10 +36,26 @@ LLM_CONFIG = typer.Option(None, "--llm-config", help="YAML file of the LLM confi
 LLM_SET = typer.Option(None, "--llm-set", help="key=value override of the LLM config (repeatable).")
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Print one clear error line and exit with status 2."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {' '.join(message.split())}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+@contextmanager
+def user_errors(command: str) -> Iterator[None]:
+    """A user error (here or inside a Ray worker) becomes one line and exit 2; its traceback goes to a log file."""
+    from memprune.runtime import log_exception, user_error
+
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        error = user_error(exc) or (exc if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else None)
+        if error is None:
+            raise
+        fail(f"{error} (details: {log_exception(exc, command)})" if error is not exc else str(error))
 
 
 def _typed(value: Any) -> Any:
@@ -56,14 +71,11 @@ def run_stage(model: type[M], run: Callable[[M], dict[str, Any]], config: Option
     from memprune.config import load_config
 
     given = {k: None if v is NULL else _typed(v) for k, v in values.items() if v is not None}
-    try:
+    with user_errors(model.__name__):
         cfg = load_config(config, list(set_ or []), model, values=given)
         if llm_set:
             cfg = model.model_validate({**cfg.model_dump(), "llm_overrides": [*cfg.llm_overrides, *llm_set]})
         return cfg, run(cfg)
-    except (MemPruneError, FileNotFoundError) as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
 
 
 def _csv(text: Optional[str]) -> Optional[list[str]]:
@@ -94,10 +106,8 @@ def stats(data: Path = typer.Argument(..., help="A directory written by `memprun
     """Print the corpus counts and the per-session bullet/turn distributions."""
     from memprune.ingest import corpus_stats
 
-    try:
+    with user_errors("stats"):
         result = corpus_stats(data)
-    except (MemPruneError, FileNotFoundError) as exc:
-        fail(str(exc))
     json.dump(result, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
 
@@ -387,10 +397,8 @@ def quickstart(
 
     from memprune.pipeline import headline, quickstart_config, run
 
-    try:
+    with user_errors("quickstart"):
         summary = run(quickstart_config(str(out), data))
-    except (MemPruneError, FileNotFoundError) as exc:
-        fail(str(exc))
     console.rule("[bold]memprune quickstart: done")
     console.print(Markdown(headline(Path(summary["report"]).parent)))
     console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)

@@ -11,11 +11,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from memprune.errors import MemPruneError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigModel(BaseModel):
+    """Base of every config model: unknown keys are errors, and so are NaN and infinite numbers."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ConfigError(MemPruneError):

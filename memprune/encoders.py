@@ -69,6 +69,24 @@ def model_label(model: str) -> str:
     return parts[-1]
 
 
+def _cannot_load(name: str | None, where: str, exc: BaseException) -> EncoderError:
+    offline = " (HF_HUB_OFFLINE is set: pass a local path)" if os.environ.get("HF_HUB_OFFLINE") else ""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return EncoderError(f"encoder {name!r} (from {where!r}) cannot be loaded{offline}: {first}")
+
+
+def check_encoder(name: str | None) -> str:
+    """Fail fast, before any Ray work, when an encoder cannot be found (its config must load); return where it is."""
+    from transformers import AutoConfig
+
+    where = resolve_encoder(name)
+    try:
+        AutoConfig.from_pretrained(where)
+    except (OSError, ValueError) as exc:
+        raise _cannot_load(name, where, exc) from exc
+    return where
+
+
 def load_encoder(name: str | None) -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) of a Hugging Face encoder; the error names the encoder and its path."""
     from transformers import AutoModel, AutoTokenizer
@@ -78,9 +96,7 @@ def load_encoder(name: str | None) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModel.from_pretrained(where)
     except (OSError, ValueError) as exc:
-        offline = " (HF_HUB_OFFLINE is set: pass a local path)" if os.environ.get("HF_HUB_OFFLINE") else ""
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EncoderError(f"encoder {name!r} (from {where!r}) cannot be loaded{offline}: {first}") from exc
+        raise _cannot_load(name, where, exc) from exc
     model.eval()
     return model, tokenizer
 

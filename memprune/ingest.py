@@ -17,19 +17,18 @@ from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memprune.adapters import IngestError, get_adapter
-from memprune.io import JsonlSink, read_table, table_sink, write_json
+from memprune.config import ConfigModel
+from memprune.io import JsonlSink, OutputSet, check_out, read_table, table_sink, write_json
 from memprune.rejects import Ledger
 
 
-class IngestConfig(BaseModel):
+class IngestConfig(ConfigModel):
     """Config of the ingest stage (`jobs/ingest.py`)."""
 
-    model_config = ConfigDict(extra="forbid")
     format: str
     input: str
     out: str
@@ -48,17 +47,22 @@ class ConservationError(RuntimeError):
 def ingest(format: str, input: str | Path, out: str | Path, split: str | None = None) -> dict[str, Any]:
     """Read `input` with the `format` adapter and write the corpus tables into `out`; return the summary."""
     adapter = get_adapter(format)
-    input, out = Path(input), Path(out)
+    input, out = Path(input), check_out(out, "ingest")
     if not input.exists():
         raise IngestError(f"{input}: no such file or directory")
-    out.mkdir(parents=True, exist_ok=True)
+    if not (input.is_file() or input.is_dir()):
+        raise IngestError(f"{input}: not a regular file or directory (a pipe or device is read once; save it to a "
+                          "file first)")
+    if input.is_dir() and out.resolve().is_relative_to(input.resolve()):
+        raise IngestError(f"{out}: the output directory is inside the input directory {input}; ingest would read "
+                          "its own outputs as input")
     started = time.perf_counter()
     keys: dict[str, set] = {"sessions": set(), "bullets": set(), "qa": set()}
-    with ExitStack() as files:  # every output is committed on success and discarded on any error
-        rejects = files.enter_context(JsonlSink(out / "rejects.jsonl"))
+    names = ["sessions", "bullets", *(["qa"] if adapter.has_qa else [])]
+    with OutputSet(out, "ingest") as outputs, ExitStack() as files:  # committed together, or not at all
+        rejects = files.enter_context(JsonlSink(outputs.path("rejects.jsonl")))
         ledger = Ledger(rejects)
-        names = ["sessions", "bullets", *(["qa"] if adapter.has_qa else [])]
-        sinks = {name: files.enter_context(table_sink(out / f"{name}.parquet", name)) for name in names}
+        sinks = {name: files.enter_context(table_sink(outputs.path(f"{name}.parquet"), name)) for name in names}
         with Progress(TextColumn("ingest {task.description}"), BarColumn(), TextColumn("{task.completed} conversations"),
                       TimeElapsedColumn(), transient=True,
                       console=Console(stderr=True)) as progress:
@@ -77,24 +81,25 @@ def ingest(format: str, input: str | Path, out: str | Path, split: str | None = 
         imbalance = ledger.imbalance()
         if imbalance:
             raise ConservationError(f"adapter {format!r} lost items without rejecting them: {imbalance}")
-    written = ledger.written
-    summary = {
-        "format": format,
-        "input": str(input),
-        "split": split,
-        "counts": {
-            "conversations": written["conversation"],
-            "sessions": written["session"],
-            "turns": written["turn"],
-            "bullets": written["bullet"],
-            "qa": written["qa"],
-            "rejects": rejects.count,
-        },
-        "ledger": ledger.summary(),
-        "tables": sorted(f"{name}.parquet" for name in sinks),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    write_json(out / "ingest.json", summary)
+        files.close()  # the tables and rejects are complete before the summary that lists them
+        written = ledger.written
+        summary = {
+            "format": format,
+            "input": str(input),
+            "split": split,
+            "counts": {
+                "conversations": written["conversation"],
+                "sessions": written["session"],
+                "turns": written["turn"],
+                "bullets": written["bullet"],
+                "qa": written["qa"],
+                "rejects": rejects.count,
+            },
+            "ledger": ledger.summary(),
+            "tables": sorted(f"{name}.parquet" for name in sinks),
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        write_json(outputs.path("ingest.json"), summary)
     return summary
 
 

@@ -1,16 +1,21 @@
-"""Atomic, streaming writers for the stage tables and their JSON/JSONL side outputs.
+"""Atomic, streaming writers for the step tables and their JSON/JSONL side outputs, and output sets.
 
-Every file is written under a temporary name in the same directory and renamed into
-place when complete, so a crash never leaves a half-written table that a resume would
-trust.
+Every file is written under a temporary name in the same directory and renamed into place when
+complete, so a crash never leaves a half-written table that a resume would trust. A step's outputs
+as a whole are committed together by an `OutputSet`: written into a staging directory, then moved
+into place, with a marker (`.memprune.json`) that readers check, so a failed or killed run never
+leaves a mix of old and new tables that a later step would read.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import os
-import tempfile
+import re
+import shutil
+import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,21 +25,67 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memprune.schema import TABLES, SchemaError, validate_table
+from memprune.errors import MemPruneError
+from memprune.schema import TABLES, SchemaError, conform_table, validate_table
+
+TEMP = re.compile(r"^\..+\.tmp-(\d+)-[0-9a-f]{8}$")
+MARKER = ".memprune.json"
+
+
+def temp_name(name: str) -> str:
+    """A hidden temporary name for `name` that records this process (so stale ones can be cleaned)."""
+    return f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(directory: str | os.PathLike[str]) -> int:
+    """Remove the temporary files and directories that killed runs left in `directory`; return how many."""
+    d, removed = Path(directory), 0
+    if not d.is_dir():
+        return 0
+    for entry in d.iterdir():
+        m = TEMP.match(entry.name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()  # what a plain `open` would create (mkstemp-style temp files are 0600)
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    The file gets the permissions a plain `open` would give it (0666 minus the umask).
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    tmp = target.parent / temp_name(target.name)
+    tmp.touch()
     try:
-        yield Path(tmp)
+        yield tmp
+        if tmp.exists():
+            os.chmod(tmp, FILE_MODE)
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -72,14 +123,18 @@ def write_table(table: pa.Table, path: str | os.PathLike[str], name: str | None 
 
 
 def read_table(path: str | os.PathLike[str], name: str, columns: list[str] | None = None) -> pa.Table:
-    """Read a stage table and validate it; a missing or unreadable file names the path."""
+    """Read a step table and validate it; a missing, unfinished or unreadable file names the path."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file (expected the {name!r} table)")
+    if not p.is_file():
+        raise SchemaError(f"{p}: is not a file (expected the {name!r} table as a Parquet file)")
+    check_committed(p)
     try:
         table = pq.read_table(p, columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise SchemaError(f"{p}: cannot read as Parquet: {exc}") from exc
+    table = conform_table(table, name, source=str(p))
     if columns is None:
         validate_table(table, name, source=str(p))
     return table
@@ -203,3 +258,87 @@ def write_summary(out: str | os.PathLike[str], name: str, summary: Mapping[str, 
     """A stage's two reports: `OUT/<name>.json` (machine) and `OUT/<name>.md` (human), each atomic."""
     write_json(Path(out) / f"{name}.json", summary)
     write_text(Path(out) / f"{name}.md", markdown)
+
+
+def check_out(out: str | os.PathLike[str], step: str) -> Path:
+    """`out` as a Path, refused up front (before any work) when it exists and is not a directory."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise MemPruneError(f"{p}: is a file; the {step} output directory (--out) must be a directory")
+    return p
+
+
+class OutputSet:
+    """The outputs of one step run, committed together.
+
+    Files are written into a staging directory inside `out` (`path(name)`); when the block succeeds
+    they are moved into `out` and the marker `out/.memprune.json` records the step and each file's
+    size. A failure before that leaves the previous outputs untouched; a crash during the moves
+    leaves the marker in the state `committing`, which readers refuse (`check_committed`).
+    """
+
+    def __init__(self, out: str | os.PathLike[str], step: str) -> None:
+        self.out = Path(out)
+        self.step = step
+        self.staging = self.out / temp_name("staging")
+
+    def __enter__(self) -> "OutputSet":
+        check_out(self.out, self.step)
+        self._created = next((p for p in reversed([self.out, *self.out.parents]) if not p.exists()), None)
+        self.out.mkdir(parents=True, exist_ok=True)
+        clean_stale(self.out)
+        self.staging.mkdir()
+        return self
+
+    def path(self, name: str) -> Path:
+        """Where to write output `name` (a file or a directory) during the run."""
+        return self.staging / name
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:  # nothing is committed; a directory this run created is removed again if empty
+            shutil.rmtree(self.staging, ignore_errors=True)
+            if self._created is not None and not any(f.is_file() for f in self._created.rglob("*")):
+                shutil.rmtree(self._created, ignore_errors=True)
+            return
+        names = sorted(p.name for p in self.staging.iterdir())
+        write_json(self.out / MARKER, {"step": self.step, "state": "committing", "files": names})
+        for name in names:
+            target = self.out / name
+            if target.is_dir():
+                old = self.out / temp_name(name)
+                os.replace(target, old)
+                os.replace(self.staging / name, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(self.staging / name, target)
+        self.staging.rmdir()
+        sizes = {n: _size(self.out / n) for n in names}
+        write_json(self.out / MARKER, {"step": self.step, "state": "done", "files": sizes,
+                                       "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def check_committed(path: str | os.PathLike[str]) -> None:
+    """Refuse to read an output that a memprune step did not finish writing (see `OutputSet`).
+
+    Without a marker beside it the file is someone else's data and is read as it is.
+    """
+    p = Path(path)
+    marker = p.parent / MARKER
+    if not marker.is_file():
+        return
+    try:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        raise SchemaError(f"{marker}: unreadable output marker; rerun the step that writes {p.parent}") from None
+    step = info.get("step", "a memprune")
+    if info.get("state") != "done":
+        raise SchemaError(f"{p.parent}: the {step} run that writes this directory did not finish (interrupted while "
+                          f"committing its outputs); rerun it")
+    files = info.get("files") or {}
+    if p.name in files and p.exists() and _size(p) != files[p.name]:
+        raise SchemaError(f"{p}: changed since the {step} run wrote it ({_size(p)} bytes, recorded {files[p.name]}); "
+                          f"rerun the step, or delete {marker} to use the directory as your own data")

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from rich.console import Console
 
-from memprune.config import ConfigError
+from memprune.config import ConfigError, ConfigModel
 from memprune.evaluate.config import EvalSettings
 from memprune.io import write_json
 from memprune.label.config import LabelSettings
@@ -49,10 +49,8 @@ class CorpusSpec(SynthSettings):
         return self
 
 
-class PipelineConfig(BaseModel):
+class PipelineConfig(ConfigModel):
     """Config of `jobs/pipeline.py`: shared paths, the pruning rule, and each step's settings."""
-
-    model_config = ConfigDict(extra="forbid")
 
     out: str = Field(description="local directory or storage URI (s3://..., file://...) for every step's output")
     corpus: CorpusSpec = Field(default_factory=CorpusSpec)
@@ -158,6 +156,9 @@ NEEDS = {"data": (), "label": ("data",), "train": ("data", "label"), "evaluate":
 
 def run(cfg: PipelineConfig) -> dict[str, Any]:
     """Run the requested steps in order; return a summary with each step's headline numbers."""
+    c = cfg.corpus
+    if "data" in cfg.steps and c.format != "synth" and not Path(c.input or "").exists():
+        raise ConfigError(f"{c.input}: corpus.input not found (no such file or directory)")
     remote = cfg.out.rstrip("/") if is_uri(cfg.out) else None
     root = Path(cfg.staging_dir or tempfile.mkdtemp(prefix="memprune-staging-")) if remote else Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,10 @@
-"""Where work runs: the Ray session, the device policy, actor pools, and the `jobs/` entry point.
+"""Where work runs: the Ray session, the device policy, actor pools, errors from workers, and `jobs/`.
 
 - `ensure_ray`: the given cluster, RAY_ADDRESS (set by `ray job submit`), or a new local Ray.
 - `use_gpu` / `torch_device`: one rule for "auto" (a GPU when the cluster or machine has one).
 - `plan_actors`: the size and per-actor requests of an encoder actor pool.
+- `check_resources`: a request that a fixed-size cluster can never place is an error up front.
+- `user_error`: the memprune error behind a failed Ray task or actor, as one line.
 - `run_job`: the shared body of every `jobs/<stage>.py`: config + overrides -> `run(cfg)` -> JSON.
 """
 
@@ -10,9 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
@@ -20,6 +27,7 @@ from pydantic import BaseModel
 from memprune.errors import MemPruneError
 
 M = TypeVar("M", bound=BaseModel)
+_EMBEDDED = False  # this process started its own local Ray: a fixed-size cluster
 GpuSetting = bool | Literal["auto"]
 
 
@@ -32,11 +40,85 @@ def ensure_ray(address: str | None = None) -> None:
     """
     import ray
 
+    global _EMBEDDED
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local", include_dashboard=False,
-             configure_logging=False)
+    target = address or os.environ.get("RAY_ADDRESS") or "local"
+    ray.init(address=target, include_dashboard=False, configure_logging=False)
+    _EMBEDDED = target == "local"
+
+
+def check_resources(requests: Mapping[str, Mapping[str, float]], cluster: Mapping[str, float] | None = None,
+                    fixed: bool | None = None) -> None:
+    """Refuse, before any work starts, a request (by config key) that no node of this cluster can ever place.
+
+    `requests` maps a config key to the resources one unit of it needs (e.g. one Ray Train worker).
+    On a fixed-size cluster (the local Ray `ensure_ray` started, or `fixed=True`) a request beyond the cluster's
+    total is an error naming the key and what the cluster has; on an autoscaling cluster it may be
+    placed later, so it only waits.
+    """
+    import ray
+
+    cluster = ray.cluster_resources() if cluster is None else cluster
+    fixed = _EMBEDDED if fixed is None else fixed
+    if not fixed:
+        return
+    for key, need in requests.items():
+        for resource, amount in need.items():
+            have = float(cluster.get(resource, 0.0))
+            if amount > have + 1e-9:
+                raise MemPruneError(f"{key}: needs {amount:g} {resource} per unit but this Ray cluster has {have:g} "
+                                    f"{resource} in all ({', '.join(f'{k} {v:g}' for k, v in sorted(cluster.items()) if k in ('CPU', 'GPU'))}); "
+                                    "lower it or run on a cluster that has them")
+
+
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*Error): (.+)$", re.MULTILINE)
+
+
+def user_error(exc: BaseException) -> MemPruneError | None:
+    """The memprune error behind `exc` (raised here, or inside a Ray task or actor), else None.
+
+    Ray wraps a worker's exception (RayTaskError, a Ray Data UserCodeException, ...); the
+    memprune error is found in the cause chain, or failing that in the wrapped text.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, MemPruneError):
+            return e
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, MemPruneError):
+            return cause
+        e = e.__cause__ or e.__context__
+    names = _memprune_error_names()
+    found = [m for m in _ERROR_LINE.findall(str(exc)) if m[0] in names]
+    return MemPruneError(found[-1][1].strip()) if found else None
+
+
+def _memprune_error_names() -> set[str]:
+    """The class names of every memprune error (the subclasses of MemPruneError loaded so far)."""
+    out, todo = set(), [MemPruneError]
+    while todo:
+        cls = todo.pop()
+        out.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def log_exception(exc: BaseException, command: str) -> Path:
+    """Write the full traceback of `exc` to a log file (MEMPRUNE_LOG_DIR, default a temp dir); return its path."""
+    root = Path(os.environ.get("MEMPRUNE_LOG_DIR") or Path(tempfile.gettempdir()) / "memprune-logs")
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8")
+    return path
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line (messages never span lines in logs)."""
+    return " ".join(str(exc).split())
 
 
 def use_gpu(setting: GpuSetting, cluster: Mapping[str, float] | None = None) -> bool:
@@ -110,8 +192,12 @@ def run_job(name: str, model: type[M], fn: Callable[[M], dict[str, Any]], argv: 
     path, overrides = split_args(argv)
     try:
         summary = fn(load_config(path, overrides, model))
-    except (MemPruneError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:  # a user error is one line; anything else keeps its traceback
+        error = user_error(exc) or (exc if isinstance(exc, FileNotFoundError) else None)
+        if error is None:
+            raise
+        details = f" (details: {log_exception(exc, name)})" if error is not exc else ""
+        print(f"error: {one_line(error)}{details}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

@@ -127,6 +127,54 @@ class Problem:
         return f"column {self.column!r}: {self.reason}"
 
 
+def compatible(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether a column of type `src` holds values of `dst` in another encoding (cast on read).
+
+    Tables written by pandas or polars use large_string or string_view for text, int64 for every
+    integer and large lists: the same values as memprune's schema, so they are accepted and cast.
+    """
+    if src.equals(dst):
+        return True
+    text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    if any(f(src) for f in text) and any(f(dst) for f in text):
+        return True
+    if pa.types.is_integer(src) and pa.types.is_integer(dst):
+        return True
+    if pa.types.is_floating(dst) and (pa.types.is_floating(src) or pa.types.is_integer(src)):
+        return True
+    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_large_list_view)
+    if any(f(src) for f in lists) and any(f(dst) for f in lists):
+        return compatible(src.value_type, dst.value_type)
+    if pa.types.is_struct(src) and pa.types.is_struct(dst):
+        names = [src.field(i).name for i in range(src.num_fields)]
+        return names == [dst.field(i).name for i in range(dst.num_fields)] and all(
+            compatible(src.field(i).type, dst.field(i).type) for i in range(dst.num_fields))
+    return False
+
+
+def conform_table(table: pa.Table, name: str, source: str = "<table>") -> pa.Table:
+    """Cast the columns of `table` whose type is compatible with table `name`'s schema to the schema's type.
+
+    An integer that does not fit the schema's width is an error naming the column, never wrapped.
+    Incompatible columns are left for `validate_table` to report.
+    """
+    schema = TABLES[name]
+    for field in schema:
+        if field.name not in table.column_names:
+            continue
+        i = table.column_names.index(field.name)
+        col = table.column(i)
+        if col.type.equals(field.type) or not compatible(col.type, field.type):
+            continue
+        try:
+            cast = col.cast(field.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"{source}: column {field.name!r} of type {col.type} cannot be read as {field.type}: "
+                              f"{str(exc).splitlines()[0]}") from None
+        table = table.set_column(i, pa.field(field.name, field.type, field.nullable), cast)
+    return table
+
+
 def check_table(table: pa.Table, name: str) -> list[Problem]:
     """List every way `table` violates the schema of table `name` (extra columns are allowed)."""
     schema = TABLES[name] if name in TABLES else None
@@ -144,6 +192,10 @@ def check_table(table: pa.Table, name: str) -> list[Problem]:
             continue
         if not field.nullable and column.null_count:
             problems.append(Problem(field.name, f"{column.null_count} null value(s) in a required column"))
+        elif pa.types.is_list(field.type) and column.num_chunks:
+            items = pa.chunked_array([c.flatten() for c in column.chunks], field.type.value_type)
+            if items.null_count:
+                problems.append(Problem(field.name, f"{items.null_count} null item(s) inside the lists"))
     if problems:
         return problems
     key = KEYS[name]

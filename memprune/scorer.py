@@ -24,14 +24,16 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from memprune.config import ConfigModel
 from memprune.encoders import (  # noqa: F401  (DEFAULT_ENCODER and the resolvers are part of this API)
     DEFAULT_ENCODER,
     EncoderError,
     canonical_encoder,
+    check_encoder,
     load_encoder,
     mean_pool,
     resolve_encoder,
@@ -46,10 +48,8 @@ class ScorerError(MemPruneError):
     """A scorer artifact or encoder cannot be used; the message names the path and the problem."""
 
 
-class LoraSettings(BaseModel):
+class LoraSettings(ConfigModel):
     """LoRA adapter shape for stage 2 (peft `LoraConfig`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     r: int = Field(8, ge=1)
     alpha: int = Field(16, ge=1)
@@ -57,22 +57,18 @@ class LoraSettings(BaseModel):
     target_modules: list[str] = Field(default_factory=lambda: ["query", "value"])
 
 
-class HeadSettings(BaseModel):
+class HeadSettings(ConfigModel):
     """Regression head shape: Linear(d, hidden) -> GELU -> Dropout -> Linear(hidden, 1) -> sigmoid.
 
     `hidden: 0` makes the head a single linear layer (logistic regression on the embedding).
     """
 
-    model_config = ConfigDict(extra="forbid")
-
     hidden: int = Field(256, ge=0)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
 
 
-class ScorerConfig(BaseModel):
+class ScorerConfig(ConfigModel):
     """Everything needed to rebuild a scorer, saved as `scorer.json` beside the weights."""
-
-    model_config = ConfigDict(extra="forbid")
 
     format: int = SCORER_FORMAT
     encoder: str = DEFAULT_ENCODER
@@ -129,6 +125,39 @@ def read_scorer_config(path: str | os.PathLike[str]) -> ScorerConfig:
         raise ScorerError(f"{cfg_path}: invalid scorer config: {exc}") from exc
     if config.format != SCORER_FORMAT:
         raise ScorerError(f"{cfg_path}: scorer format {config.format}, this version reads {SCORER_FORMAT}")
+    return config
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a missing or corrupted file is a `ScorerError` naming it."""
+    from safetensors import SafetensorError
+
+    if not path.is_file():
+        raise ScorerError(f"{path.parent}: missing {path.name}" if path.name == "head.safetensors" else
+                          f"{path.parent.parent}: scorer.json names LoRA settings but {path} is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise ScorerError(f"{path}: not a readable safetensors file ({str(exc).splitlines()[0]})") from exc
+
+
+def check_artifact(path: str | os.PathLike[str]) -> ScorerConfig:
+    """Check a scorer artifact without building the model: its config, weights files, head shape and encoder.
+
+    The driver of a Ray job calls this before any worker starts, so a broken artifact is one error line.
+    """
+    path = Path(path)
+    config = read_scorer_config(path)
+    head = read_weights(path / "head.safetensors")
+    if config.lora is not None:
+        read_weights(path / "adapter" / "adapter_model.safetensors")
+    if config.embedding_dim is not None:
+        want = {k: tuple(v.shape) for k, v in Head(config.embedding_dim, config.head).state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in head.items()}
+        if want != got:
+            raise ScorerError(f"{path / 'head.safetensors'}: head weights do not match scorer.json "
+                              f"(tensors {sorted(got)} vs {sorted(want)})")
+    check_encoder(config.encoder)
     return config
 
 
@@ -297,28 +326,25 @@ class Scorer(nn.Module):
     def load(cls, path: str | os.PathLike[str], device: str | torch.device | None = None) -> "Scorer":
         """Load a saved scorer (any stage) from its artifact directory; safetensors and JSON only."""
         path = Path(path)
-        cfg_path = path / "scorer.json"
         config = read_scorer_config(path)
+        head_weights = read_weights(path / "head.safetensors")
+        adapter_file = path / "adapter" / "adapter_model.safetensors"
+        adapter_weights = read_weights(adapter_file) if config.lora is not None else None
         encoder, tokenizer = _load_encoder(config.encoder)
         dim = int(encoder.config.hidden_size)
         if config.embedding_dim is not None and config.embedding_dim != dim:
-            raise ScorerError(f"{cfg_path}: embedding_dim {config.embedding_dim} but encoder {config.encoder!r} has {dim}")
+            raise ScorerError(f"{path / 'scorer.json'}: embedding_dim {config.embedding_dim} but encoder "
+                              f"{config.encoder!r} has {dim}")
         head = Head(dim, config.head)
-        head_path = path / "head.safetensors"
-        if not head_path.exists():
-            raise ScorerError(f"{path}: missing head.safetensors")
         try:
-            head.load_state_dict(load_file(str(head_path)))
+            head.load_state_dict(head_weights)
         except RuntimeError as exc:
-            raise ScorerError(f"{head_path}: head weights do not match scorer.json: {exc}") from exc
-        lora = config.lora
+            raise ScorerError(f"{path / 'head.safetensors'}: head weights do not match scorer.json: "
+                              f"{str(exc).splitlines()[0]}") from exc
         scorer = cls(config.model_copy(update={"lora": None}), encoder, tokenizer, head)
-        if lora is not None:
-            adapter_file = path / "adapter" / "adapter_model.safetensors"
-            if not adapter_file.exists():
-                raise ScorerError(f"{path}: scorer.json names LoRA settings but {adapter_file} is missing")
-            scorer.add_lora(lora, seed=0)
-            scorer.load_adapter_state(load_file(str(adapter_file)))
+        if config.lora is not None and adapter_weights is not None:
+            scorer.add_lora(config.lora, seed=0)
+            scorer.load_adapter_state(adapter_weights)
         scorer.eval()
         if device is not None:
             scorer.to(device)

@@ -25,11 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.ingest import distribution
-from memprune.io import JsonlSink, atomic_path, read_table, write_summary, write_table
+from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary, write_table
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.run import BULLET_TYPE, COMMON_FIELDS
 from memprune.rejects import Ledger
@@ -53,10 +54,8 @@ class SummarizeError(MemPruneError):
     """The summarize inputs are unusable (missing table, bad config); the message names them."""
 
 
-class SummarizeConfig(BaseModel):
+class SummarizeConfig(ConfigModel):
     """Config of the summarize stage (`jobs/summarize.py`, `memprune summarize`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     data: str = Field(..., description="Directory with sessions.parquet (a `memprune ingest` output).")
     out: str = Field(..., description="Output directory.")
@@ -123,68 +122,69 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
               limit: int | None = None, progress: bool = True) -> dict[str, Any]:
     """Summarize every session of `DATA/sessions.parquet` into bullets; write the tables to `out`; return the summary."""
 
-    data, out = Path(data), Path(out)
+    data, out = Path(data), check_out(out, "summarize")
     sessions_path = data / "sessions.parquet"
     if not sessions_path.exists():
         raise SummarizeError(f"{data}: no sessions.parquet here (is it a `memprune ingest` output directory?)")
     if out.resolve() == data.resolve():
         raise SummarizeError(f"{out}: the output directory must differ from the data directory")
+    llm.check_model()
     started = time.perf_counter()
     sessions = read_table(sessions_path, "sessions")
     if limit is not None:
         sessions = sessions.slice(0, limit)
-    out.mkdir(parents=True, exist_ok=True)
     work = WorkDir(out, {"sessions": file_digest(sessions_path), "llm": llm.model_dump(mode="json"),
                          "chunk_sessions": chunk_sessions, "limit": limit})
     summaries, chunk_stats = resumable_chunks(sessions, chunk_sessions, work,
                                               lambda chunk: _summarize_chunk(chunk, llm, block_rows), SUMMARIES,
                                               "summarize: chunks", progress, setup=ensure_ray)
 
-    bullets: list[dict[str, Any]] = []
-    with JsonlSink(out / "rejects.jsonl") as ledger_sink:
-        ledger = Ledger(ledger_sink)
-        for row in summaries.to_pylist():
-            ledger.saw("session")
-            if row["error"]:
-                ledger.reject(source=str(sessions_path), record=f"{row['conversation_id']}:s{row['session_index']}",
-                              field="summary", kind="session", reason=row["error"], value=row["raw"])
-            else:
-                ledger.wrote("session")
-                bullets.extend(bullet_rows(row))
-        write_table(pa.Table.from_pylist(bullets, schema=BULLETS), out / "bullets.parquet", "bullets")
-        write_table(summaries, out / "summaries.parquet")
-        with atomic_path(out / "sessions.parquet") as tmp:
-            if limit is None:
-                shutil.copyfile(sessions_path, tmp)
-            else:
-                pq.write_table(sessions, tmp)
+    with OutputSet(out, "summarize") as outputs:
+        bullets: list[dict[str, Any]] = []
+        with JsonlSink(outputs.path("rejects.jsonl")) as ledger_sink:
+            ledger = Ledger(ledger_sink)
+            for row in summaries.to_pylist():
+                ledger.saw("session")
+                if row["error"]:
+                    ledger.reject(source=str(sessions_path), record=f"{row['conversation_id']}:s{row['session_index']}",
+                                  field="summary", kind="session", reason=row["error"], value=row["raw"])
+                else:
+                    ledger.wrote("session")
+                    bullets.extend(bullet_rows(row))
+            write_table(pa.Table.from_pylist(bullets, schema=BULLETS), outputs.path("bullets.parquet"), "bullets")
+            write_table(summaries, outputs.path("summaries.parquet"))
+            with atomic_path(outputs.path("sessions.parquet")) as tmp:
+                if limit is None:
+                    shutil.copyfile(sessions_path, tmp)
+                else:
+                    pq.write_table(sessions, tmp)
 
-    outcome = outcome_summary(summaries)
-    per_session = [n for n in summaries.column("n_bullets").to_pylist() if n is not None]
-    evidence = [len(b["evidence"]) for b in bullets]
-    summary = {
-        "data": str(data),
-        "out": str(out),
-        "llm": llm.describe("summarize"),
-        "counts": {
-            "sessions": summaries.num_rows,
-            "sessions_ok": outcome["ok"],
-            "sessions_error": outcome["errors"],
-            "bullets": len(bullets),
-            "bullets_without_evidence": sum(1 for n in evidence if n == 0),
-            "bullets_dropped": sum(n or 0 for n in summaries.column("bullets_dropped").to_pylist()),
-            "evidence_kept": sum(evidence),
-            "evidence_dropped": sum(n or 0 for n in summaries.column("evidence_dropped").to_pylist()),
-            "rejects": ledger_sink.count,
-        },
-        "llm_outcome": outcome,
-        "bullets_per_session": distribution(per_session),
-        "chunks": {"total": chunk_stats["chunks"], "reused": chunk_stats["reused"], "work": chunk_stats["work"]},
-        "settings": {"llm": llm.model_dump(mode="json"), "chunk_sessions": chunk_sessions,
-                     "block_rows": block_rows, "limit": limit},
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-    write_summary(out, "summarize", summary, render_report(summary))
+        outcome = outcome_summary(summaries)
+        per_session = [n for n in summaries.column("n_bullets").to_pylist() if n is not None]
+        evidence = [len(b["evidence"]) for b in bullets]
+        summary = {
+            "data": str(data),
+            "out": str(out),
+            "llm": llm.describe("summarize"),
+            "counts": {
+                "sessions": summaries.num_rows,
+                "sessions_ok": outcome["ok"],
+                "sessions_error": outcome["errors"],
+                "bullets": len(bullets),
+                "bullets_without_evidence": sum(1 for n in evidence if n == 0),
+                "bullets_dropped": sum(n or 0 for n in summaries.column("bullets_dropped").to_pylist()),
+                "evidence_kept": sum(evidence),
+                "evidence_dropped": sum(n or 0 for n in summaries.column("evidence_dropped").to_pylist()),
+                "rejects": ledger_sink.count,
+            },
+            "llm_outcome": outcome,
+            "bullets_per_session": distribution(per_session),
+            "chunks": {"total": chunk_stats["chunks"], "reused": chunk_stats["reused"], "work": chunk_stats["work"]},
+            "settings": {"llm": llm.model_dump(mode="json"), "chunk_sessions": chunk_sessions,
+                         "block_rows": block_rows, "limit": limit},
+            "seconds": round(time.perf_counter() - started, 3),
+        }
+        write_summary(outputs.staging, "summarize", summary, render_report(summary))
     return summary
 
 

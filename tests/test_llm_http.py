@@ -90,3 +90,34 @@ def test_http_judge_scripted_retries_and_error_rows(ray_local, tiny_llm):
     assert flaky_in % 2 == 0 and abs(flaky_in / 2 - good_in) <= 3  # summed over both attempts of one prompt
     assert len(sent) == 6 + 3 and all(b["response_format"] == {"type": "json_object"} for b in sent)
     assert json.loads(json.dumps(sent[0]["messages"]))[0]["role"] == "system"
+
+
+def test_http_retries_429_and_5xx_then_gives_up_with_one_clear_error(ray_local, tiny_llm):
+    """Ray's HTTP stage retries 429/502/503/504 with backoff; a server that never recovers is one LLMError."""
+    from memprune.llm import LLMError
+
+    seen: dict[str, int] = {}
+
+    def flaky(body: dict) -> str | int:
+        user = body["messages"][-1]["content"]
+        seen[user] = seen.get(user, 0) + 1
+        if "always" in user:
+            return 503
+        return (429, 503)[seen[user] - 1] if seen[user] <= 2 else '{"score": 0.5}'
+
+    rows = [{"bullet_id": f"b{i}", "turn_id": f"t{i}", "pos": i, "bullet": f"bullet {i}", "context": [],
+             "target": "hello", "target_speaker": "A"} for i in range(3)]
+    with TinyOpenAIServer(tiny_llm, responder=flaky, idle_timeout=120) as server:
+        config = _config(server, http_retries=2, http_retry_wait_s=0.05, max_retries=0, qps=4)
+        out = run_llm(judge_dataset(rows, block_rows=3), config, task="judge").take_all()
+        times = sorted(r["time"] for r in server.requests)
+    assert sorted(r["score"] for r in out) == [0.5, 0.5, 0.5] and all(r["error"] is None for r in out)
+    assert sorted(seen.values()) == [3, 3, 3]  # 429, then 503, then the answer: two retries each
+    gaps = [b - a for a, b in zip(times, times[1:])]  # qps=4 spaces every send, retries included
+    assert len(times) == 9 and min(gaps) >= 1 / 4 - 0.02, gaps
+
+    stuck = [{**rows[0], "bullet": "always failing"}]
+    with TinyOpenAIServer(tiny_llm, responder=flaky, idle_timeout=120) as server:
+        config = _config(server, http_retries=1, http_retry_wait_s=0.05, max_retries=0)
+        with pytest.raises(LLMError, match="kept failing .* after 1 retries"):
+            run_llm(judge_dataset(stuck), config, task="judge").take_all()

@@ -507,7 +507,9 @@ def test_vllm_cpu_end_to_end(ray_local, tiny_llm, locomo, store, tmp_path):
 
 
 def test_cli_and_job_errors_are_one_clear_line(tmp_path, locomo, store):
-    hf = str(REPO / "configs/llm/hf-tiny-cpu.yaml")
+    (tmp_path / "model").mkdir()
+    hf = str(tmp_path / "hf.yaml")  # a model directory that exists: the errors below come before any model loads
+    (tmp_path / "hf.yaml").write_text(f"engine: hf\nmodel: {tmp_path / 'model'}\n")
     result = CliRunner().invoke(app, ["qa-eval", "--data", str(tmp_path), "--pruned", str(store), "--llm-config", hf,
                                       "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "no qa.parquet" in " ".join(result.output.split())
@@ -525,6 +527,10 @@ def test_cli_and_job_errors_are_one_clear_line(tmp_path, locomo, store):
                                       "--pruned", str(partial), "--conditions", "all,pruned"])
     assert result.exit_code == 2 and "10 memory bullet(s) of the evaluated conversations are not in the pruned store" \
         in " ".join(result.output.split())
+    (tmp_path / "gone.yaml").write_text(f"engine: hf\nmodel: {tmp_path / 'gone'}\n")
+    result = CliRunner().invoke(app, ["qa-eval", "--data", str(locomo), "--llm-config", str(tmp_path / "gone.yaml"),
+                                      "--out", str(tmp_path / "o"), "--conditions", "none"])
+    assert result.exit_code == 2 and "no such model directory" in " ".join(result.output.split())
     assert run_job("qa_eval", QAEvalConfig, lambda c: {}, [str(REPO / "configs/qa-eval.yaml"), "conditions=[none,bogus]"]) == 2
     cfg = QAEvalConfig(data="d", out="o", llm_config=hf, judge_llm={"engine": "hf", "model": "m"}, conditions=["none"])
     assert cfg.judge_settings().model == "m" and QAEvalConfig(data="d", out="o", llm_config=hf,

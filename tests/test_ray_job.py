@@ -80,27 +80,54 @@ def ray_head(tmp_path: Path):
         log.close()
 
 
-def test_label_job_submitted_to_a_real_cluster(ray_head, tmp_path: Path) -> None:
-    address, env = ray_head
-    data, out = tmp_path / "data", tmp_path / "labels"
-    generate(conversations=4, sessions=3, out=data, seed=0)
-    runtime_env = {"excludes": [".venv", ".git", "runs", "**/__pycache__", ".pytest_cache", ".hypothesis"],
-                   "env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}}
+RUNTIME_ENV = {"excludes": [".venv", ".git", "runs", "**/__pycache__", ".pytest_cache", ".hypothesis"],
+               "env_vars": {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}}
+TINY_TRAIN = ["train.stages=[vanilla,stage1]", "train.seeds=[0]", "train.max_length=24", "train.split.valid=1",
+              "train.split.test=1", "train.stage1={epochs: 2, lr: 0.003, batch_size: 32, patience: 2}",
+              "train.ray.num_workers=0", "train.embed.actors=1"]
+
+
+def submit(address: str, env: dict, job_id: str, *args: str) -> None:
+    """`ray job submit --working-dir REPO -- python jobs/...`, waiting for it; it must succeed."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
     proc = subprocess.run(
         [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
-         "--runtime-env-json", json.dumps(runtime_env), "--submission-id", "memprune-label-test", "--",
-         "python", "jobs/label.py", "configs/label-similarity.yaml", f"data={data}", f"out={out}",
-         "shard_size=64", "progress=false"],
+         "--runtime-env-json", json.dumps(RUNTIME_ENV), "--submission-id", job_id, "--", "python", *args],
         capture_output=True, text=True, env=env, timeout=480,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    assert JobSubmissionClient(address).get_job_status(job_id) == JobStatus.SUCCEEDED
 
-    assert JobSubmissionClient(address).get_job_status("memprune-label-test") == JobStatus.SUCCEEDED
-    labels = pq.read_table(out / "labels.parquet")
+
+def test_jobs_submitted_to_a_real_cluster(ray_head, tmp_path: Path) -> None:
+    """jobs/pipeline.py, then jobs/label.py, jobs/train.py and jobs/prune.py on its corpus, on one real cluster."""
+    address, env = ray_head
+    run = tmp_path / "pipeline"
+    submit(address, env, "memprune-pipeline-test", "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={run}",
+           "corpus.conversations=6", "corpus.sessions=3", "evaluate.figures=false", "prune.progress=false",
+           *TINY_TRAIN)
+    assert json.loads((run / "pipeline.json").read_text())["steps"].keys() == {"data", "label", "train", "evaluate",
+                                                                              "prune"}
+    data = run / "data"
+
+    labels = tmp_path / "labels"
+    submit(address, env, "memprune-label-test", "jobs/label.py", "configs/label-similarity.yaml", f"data={data}",
+           f"out={labels}", "shard_size=64", "progress=false")
+    table = pq.read_table(labels / "labels.parquet")
     bullets = pq.read_table(data / "bullets.parquet").to_pylist()
     last = max(b["session_index"] for b in bullets)
-    assert labels.num_rows == sum(1 for b in bullets if b["session_index"] < last)
-    assert all(0.0 <= x <= 1.0 for x in labels.column("label").to_pylist())
-    summary = json.loads((out / "label.json").read_text())
-    assert summary["judge"].startswith("similarity")
+    assert table.num_rows == sum(1 for b in bullets if b["session_index"] < last)
+    assert all(0.0 <= x <= 1.0 for x in table.column("label").to_pylist())
+    assert json.loads((labels / "label.json").read_text())["judge"].startswith("similarity")
+
+    train = tmp_path / "train"
+    submit(address, env, "memprune-train-test", "jobs/train.py", "configs/train-local.yaml", f"data={data}",
+           f"labels={labels}", f"out={train}", *(a.removeprefix("train.") for a in TINY_TRAIN))
+    assert (train / "stage1" / "seed0" / "head.safetensors").is_file() and not (train / "eval").exists()
+
+    pruned = tmp_path / "pruned"
+    submit(address, env, "memprune-prune-test", "jobs/prune.py", "configs/prune-local.yaml",
+           f"scorer={train / 'stage1' / 'seed0'}", f"input={data}", f"out={pruned}", "progress=false")
+    summary = json.loads((pruned / "prune.json").read_text())
+    assert summary["input"]["rows"] == summary["output"]["rows"] == len(bullets)

@@ -220,7 +220,9 @@ def test_scorer_load_reproduces_predictions(local_run: Path, corpus: tuple[Path,
     bullets = pq.read_table(corpus[0] / "bullets.parquet").to_pandas().set_index("bullet_id")
     texts = [bullets.loc[b, "text"] for b in pred.column("bullet_id").to_pylist()]
     scores = Scorer.load(local_run / stage / "seed0").score(texts, batch_size=5)
-    assert np.allclose(scores, pred.column("score").to_numpy(), atol=1e-5)
+    # the trainer predicts on CUDA where it exists, this loads on the CPU: equal up to float noise there
+    atol = 1e-3 if torch.cuda.is_available() else 1e-5
+    assert np.allclose(scores, pred.column("score").to_numpy(), atol=atol)
 
 
 def test_fixed_seed_is_deterministic_and_reruns_are_reused(
@@ -253,7 +255,8 @@ def test_ray_workers_seeds_concurrently_and_resume_after_a_kill(
         out,
         stages=["stage1"],
         seeds=[0, 1],
-        ray={"num_workers": 1, "max_concurrent": 2, "num_to_keep": 1, "max_failures": 1},
+        # on the CPU like the in-process reference run, so the losses can be compared exactly on a CUDA host too
+        ray={"num_workers": 1, "max_concurrent": 2, "num_to_keep": 1, "max_failures": 1, "use_gpu": False},
         fault={"stage": "stage1", "seed": 0, "after_epoch": 1, "marker": str(marker)},
     )
     summary = run_training(cfg)
@@ -297,3 +300,26 @@ def test_cli_train_and_its_errors(local_run: Path, corpus: tuple[Path, Path], tm
     assert missing.exit_code == 2 and "nowhere/labels.parquet:nosuchfile" in squeeze(missing.output)
     bad = CliRunner().invoke(app, args + ["--set", "stage1.lr=-1"])
     assert bad.exit_code == 2 and "stage1.lr:" in squeeze(bad.output)
+
+
+def test_stage2_learns_under_real_ray_train_workers(local_run: Path, corpus: tuple[Path, Path],
+                                                    tmp_path: Path) -> None:
+    """Stage 2 changes its LoRA adapters (peft initialises lora_B to zero) and lowers the validation loss over
+    its epochs on a learnable corpus, run by a real Ray Train worker (not local mode)."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "s2"
+    shutil.copytree(local_run / "cache", out / "cache")
+    cfg = _config(*corpus, out, stages=["stage1", "stage2"], ray={"num_workers": 1},
+                  stage1={"epochs": 1, "lr": 1e-3, "patience": 1},
+                  stage2={"epochs": 3, "lr": 3e-3, "patience": 3, "lora": {"r": 4, "alpha": 8, "dropout": 0.0}})
+    run_training(cfg)
+    train = json.loads((out / "stage2" / "seed0" / "train.json").read_text())
+    assert train["ray"]["num_workers"] == 1 and not train["ray"]["local_mode"]
+    losses = train["val_loss"]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    stage1 = json.loads((out / "stage1" / "seed0" / "train.json").read_text())
+    assert train["best_val_loss"] < stage1["best_val_loss"]  # better than the head it started from
+    adapter = load_file(str(out / "stage2" / "seed0" / "adapter" / "adapter_model.safetensors"))
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b)

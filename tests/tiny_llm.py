@@ -183,6 +183,8 @@ class TinyOpenAIServer:
                                    "type": "invalid_request_error"}}
         if self.responder is not None:
             text = self.responder(body)
+            if isinstance(text, int):  # a scripted HTTP error status (429, 503, ...)
+                return text, {"error": {"message": f"scripted status {text}", "type": "server_error"}}
             n_out = len(self.tokenizer(text, add_special_tokens=False).input_ids)
             return 200, {
                 "id": f"chatcmpl-{len(self.requests)}", "object": "chat.completion", "created": int(time.time()),
@@ -214,6 +216,7 @@ class TinyOpenAIServer:
 
     def _handler(self):
         import json
+        import time
         from http.server import BaseHTTPRequestHandler
 
         server = self
@@ -249,7 +252,7 @@ class TinyOpenAIServer:
                 except ValueError:
                     self._send(400, {"error": {"message": "body is not JSON"}})
                     return
-                server.requests.append({"body": body, "headers": dict(self.headers)})
+                server.requests.append({"body": body, "headers": dict(self.headers), "time": time.monotonic()})
                 try:
                     status, obj = server.complete(body)
                 except Exception as exc:  # a test server: report, never hang the client

@@ -21,6 +21,7 @@ A container field of the wrong type (`qa` or `bullets` not a list) is logged as 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ def _input_files(path: Path) -> list[Path]:
     return files
 
 
+INT32_MAX = 2**31 - 1  # session_index and category are int32 columns
+
+
 class _Record:
     """Parses one line; every rejection names the file, the line and the JSON field."""
 
@@ -90,6 +94,10 @@ class _Record:
             self.reject("", "conversation", f"invalid JSON: {exc.msg} (column {exc.colno})",
                         line[:80].decode("utf-8", "replace"))
             return None
+        except RecursionError:
+            self.reject("", "conversation", "JSON nested too deeply to be a conversation",
+                        line[:80].decode("utf-8", "replace"))
+            return None
         if not isinstance(obj, dict):
             self.reject("", "conversation", f"a line must be a JSON object, got {json_type(obj)}", obj)
             return None
@@ -110,12 +118,13 @@ class _Record:
             return None
         conv = Conversation(conversation_id=cid)
         turn_refs: dict[str, str] = {}  # user turn id -> canonical id
+        turn_session: dict[str, int] = {}  # canonical turn id -> its session_index
         by_position: dict[tuple[int, int], str] = {}
         pending_bullets: list[tuple[int, int, dict[str, Any], list[dict[str, Any]] | None]] = []
         for s_pos, session in enumerate(sessions):
-            self._session(cid, s_pos, session, conv, turn_refs, by_position, pending_bullets)
+            self._session(cid, s_pos, session, conv, turn_refs, turn_session, by_position, pending_bullets)
         for k, b_pos, bullet, turns in pending_bullets:
-            self._bullet(cid, k, b_pos, bullet, turns, turn_refs, conv)
+            self._bullet(cid, k, b_pos, bullet, turns, turn_refs, turn_session, conv)
         qa = obj.get("qa", [])
         if not isinstance(qa, list):
             self.ledger.saw("field")
@@ -128,30 +137,27 @@ class _Record:
             return None
         return conv
 
-    def _session(self, cid, s_pos, session, conv, turn_refs, by_position, pending_bullets) -> None:
+    def _session(self, cid, s_pos, session, conv, turn_refs, turn_session, by_position, pending_bullets) -> None:
         field = f"sessions[{s_pos}]"
         if not isinstance(session, dict):
             self.reject(field, "session", f"session is {json_type(session)}, expected an object", session)
             return
         n_bullets = len(session["bullets"]) if isinstance(session.get("bullets"), list) else 0
+        lost = {"turn": _len(session.get("turns")), "bullet": n_bullets, "evidence": _refs(session.get("bullets"))}
         k = session.get("session_index", s_pos + 1)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            self.reject(f"{field}.session_index", "session", "not a non-negative integer", k,
-                        {"turn": _len(session.get("turns")), "bullet": n_bullets})
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= INT32_MAX:
+            self.reject(f"{field}.session_index", "session", f"not an integer in 0..{INT32_MAX}", k, lost)
             return
         if any(s["session_index"] == k for s in conv.sessions):
-            self.reject(f"{field}.session_index", "session", "duplicate session_index", k,
-                        {"turn": _len(session.get("turns")), "bullet": n_bullets})
+            self.reject(f"{field}.session_index", "session", "duplicate session_index", k, lost)
             return
         time = session.get("time")
         if time is not None and (reason := text_problem("time", time, allow_empty=True)):
-            self.reject(f"{field}.time", "session", reason, time,
-                        {"turn": _len(session.get("turns")), "bullet": n_bullets})
+            self.reject(f"{field}.time", "session", reason, time, lost)
             return
         turns_in = session.get("turns")
         if not isinstance(turns_in, list) or not turns_in:
-            self.reject(f"{field}.turns", "session", "missing, empty or not a list", turns_in,
-                        {"turn": _len(turns_in), "bullet": n_bullets})
+            self.reject(f"{field}.turns", "session", "missing, empty or not a list", turns_in, lost)
             return
         turns: list[dict[str, Any]] = []
         speakers: list[str] = []
@@ -171,6 +177,7 @@ class _Record:
                 self.reject(f"{tfield}.id", "turn", reason, user_id)
                 continue
             tid = turn_id(cid, k, t_pos)
+            turn_session[tid] = k
             if user_id is not None:
                 turn_refs[user_id] = tid
             by_position[(k, t_pos)] = tid
@@ -180,7 +187,8 @@ class _Record:
                 speakers.append(speaker)
         bullets = session.get("bullets", [])
         if not turns:
-            self.reject(f"{field}.turns", "session", "no usable turn", lost={"bullet": n_bullets})
+            self.reject(f"{field}.turns", "session", "no usable turn", lost={"bullet": n_bullets,
+                                                                               "evidence": _refs(bullets)})
             return
         conv.sessions.append({"conversation_id": cid, "session_index": k, "speakers": speakers,
                               "turns": turns, "time": time})
@@ -191,21 +199,27 @@ class _Record:
         for b_pos, bullet in enumerate(bullets):
             pending_bullets.append((k, b_pos, bullet, positions))
 
-    def _bullet(self, cid, k, b_pos, bullet, positions, turn_refs, conv) -> None:
+    def _bullet(self, cid, k, b_pos, bullet, positions, turn_refs, turn_session, conv) -> None:
         field = f"sessions[session_index={k}].bullets[{b_pos}]"
         if not isinstance(bullet, dict):
             self.reject(field, "bullet", f"bullet is {json_type(bullet)}, expected an object", bullet)
             return
         text, speaker = bullet.get("text"), bullet.get("speaker")
+        lost = {"evidence": _refs([bullet])}
         if reason := text_problem("text", text):
-            self.reject(f"{field}.text", "bullet", reason, text)
+            self.reject(f"{field}.text", "bullet", reason, text, lost)
             return
         if speaker is not None and (reason := text_problem("speaker", speaker)):
-            self.reject(f"{field}.speaker", "bullet", reason, speaker)
+            self.reject(f"{field}.speaker", "bullet", reason, speaker, lost)
             return
-        evidence = self._evidence(f"{field}.evidence", bullet.get("evidence"),
-                                  lambda ref: positions[ref] if isinstance(ref, int) and not isinstance(ref, bool)
-                                  and 0 <= ref < len(positions) else turn_refs.get(ref) if isinstance(ref, str) else None)
+
+        def resolve(ref: Any) -> str | None:
+            if isinstance(ref, int) and not isinstance(ref, bool):
+                return positions[ref] if 0 <= ref < len(positions) else None
+            return turn_refs.get(ref) if isinstance(ref, str) else None
+
+        evidence = self._evidence(f"{field}.evidence", bullet.get("evidence"), resolve,
+                                  later=lambda tid: turn_session[tid] > k)
         if evidence is None:
             self.reject(f"{field}.evidence", "bullet", "no evidence turn resolves", bullet.get("evidence"))
             return
@@ -218,16 +232,21 @@ class _Record:
             self.reject(field, "qa", f"qa item is {json_type(item)}, expected an object", item)
             return
         question, answer, category = item.get("question"), item.get("answer"), item.get("category")
+        lost = {"evidence": _refs([item])}
         if reason := text_problem("question", question):
-            self.reject(f"{field}.question", "qa", reason, question)
+            self.reject(f"{field}.question", "qa", reason, question, lost)
+            return
+        if isinstance(answer, float) and not math.isfinite(answer):
+            self.reject(f"{field}.answer", "qa", "answer is not a finite number", answer, lost)
             return
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             answer = str(answer)
         if answer is not None and (reason := text_problem("answer", answer, allow_empty=True)):
-            self.reject(f"{field}.answer", "qa", reason, answer)
+            self.reject(f"{field}.answer", "qa", reason, answer, lost)
             return
-        if category is not None and (isinstance(category, bool) or not isinstance(category, int)):
-            self.reject(f"{field}.category", "qa", "category is not an integer", category)
+        if category is not None and (isinstance(category, bool) or not isinstance(category, int)
+                                     or not -INT32_MAX - 1 <= category <= INT32_MAX):
+            self.reject(f"{field}.category", "qa", "category is not an integer in the int32 range", category, lost)
             return
 
         def resolve(ref: Any) -> str | None:
@@ -245,16 +264,20 @@ class _Record:
                         "answer": answer, "evidence": evidence,
                         "category": category})
 
-    def _evidence(self, field: str, refs: Any, resolve) -> list[str] | None:
-        """Resolve evidence refs to turn ids; drop (and log) the ones that resolve to no turn."""
+    def _evidence(self, field: str, refs: Any, resolve, later=None) -> list[str] | None:
+        """Resolve evidence refs to turn ids; drop (and log) the ones that resolve to no turn.
+
+        Every ref was counted as seen with its conversation (`_contents`); here each is written or rejected.
+        """
         if not isinstance(refs, list) or not refs:
             return None
         out: list[str] = []
         for i, ref in enumerate(refs):
-            self.ledger.saw("evidence")
             tid = resolve(ref)
             if tid is None:
                 self.reject(f"{field}[{i}]", "evidence", "refers to no usable turn", ref)
+            elif later is not None and later(tid):
+                self.reject(f"{field}[{i}]", "evidence", "refers to a turn of a later session", ref)
             elif tid in out:
                 self.reject(f"{field}[{i}]", "evidence", "duplicate evidence reference", ref)
             else:
@@ -266,8 +289,13 @@ def _len(value: Any) -> int:
     return len(value) if isinstance(value, list) else 0
 
 
+def _refs(items: Any) -> int:
+    """The evidence references of a list of bullets or QA items (what a rejected container takes along)."""
+    return sum(_len(i.get("evidence")) for i in items if isinstance(i, dict)) if isinstance(items, list) else 0
+
+
 def _contents(obj: dict[str, Any]) -> dict[str, int]:
-    """Counts of sessions, turns, bullets and qa items inside a conversation object."""
+    """Counts of sessions, turns, bullets, qa items and evidence references inside a conversation object."""
     sessions = obj.get("sessions") if isinstance(obj.get("sessions"), list) else []
     dicts = [s for s in sessions if isinstance(s, dict)]
     return {
@@ -275,4 +303,5 @@ def _contents(obj: dict[str, Any]) -> dict[str, int]:
         "turn": sum(_len(s.get("turns")) for s in dicts),
         "bullet": sum(_len(s.get("bullets")) for s in dicts),
         "qa": _len(obj.get("qa")),
+        "evidence": sum(_refs(s.get("bullets")) for s in dicts) + _refs(obj.get("qa")),
     }

@@ -4,26 +4,23 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from memprune.config import ConfigModel
 from memprune.dialogue.plan import CONDITIONS, SampleSettings
 from memprune.llm import LLMConfig
 
 
-class BootstrapSettings(BaseModel):
+class BootstrapSettings(ConfigModel):
     """Bootstrap over evaluated targets: resamples, interval level, seed."""
-
-    model_config = ConfigDict(extra="forbid")
 
     samples: int = Field(1000, ge=0, description="Resamples of the targets (0 = no intervals).")
     confidence: float = Field(0.95, gt=0.0, lt=1.0, description="Percentile interval level.")
     seed: int = Field(0, description="Seed of the resampling (the same resamples for every condition).")
 
 
-class BertScoreSettings(BaseModel):
+class BertScoreSettings(ConfigModel):
     """BERTScore with a local encoder (never downloaded)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     model: str | None = Field(None, description="Local encoder directory; None = `encoder`.")
@@ -31,10 +28,8 @@ class BertScoreSettings(BaseModel):
     batch_size: int = Field(64, ge=1)
 
 
-class MauveSettings(BaseModel):
+class MauveSettings(ConfigModel):
     """MAUVE on mean-pooled features of `encoder`, computed by memprune (nothing downloaded)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     min_samples: int = Field(10, ge=2, description="Below this many paired targets MAUVE is not computed.")
@@ -46,12 +41,11 @@ class MauveSettings(BaseModel):
                                                 "each resample reclusters, seconds each).")
 
 
-class MemoryEvalConfig(BaseModel):
+class MemoryEvalConfig(ConfigModel):
     """The settings every evaluation of memory conditions with an LLM shares (dialogue-eval, qa-eval): the pruned
     store, the output, the LLM, the encoder's batching, the bootstrap and the Ray Data blocks. A subclass sets
     `CONDITIONS` and defines `data`, `conditions` and its own fields."""
 
-    model_config = ConfigDict(extra="forbid")
     CONDITIONS: ClassVar[tuple[str, ...]] = ()
 
     pruned: str | None = Field(None, description="Pruned store: a `memprune prune` output dir, its pruned/ dir, "

@@ -45,7 +45,7 @@ from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import cost_table, score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
 from memprune.errors import MemPruneError
-from memprune.io import JsonlSink, atomic_path, read_table, write_summary
+from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import results_schema, run_llm_chunks
 from memprune.llm.prompts import load_template, reply_messages
@@ -171,12 +171,13 @@ def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path, chunk_rows: int,
 def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
     """Sample targets, build the memory conditions, generate, score; write OUT/ and return dialogue.json."""
     started = time.perf_counter()
-    data, out = Path(cfg.data), Path(cfg.out)
+    data, out = Path(cfg.data), check_out(cfg.out, "dialogue-eval")
     for name in ("sessions", "bullets"):
         if not (data / f"{name}.parquet").is_file():
             raise DialogueError(f"{data}: no {name}.parquet here (give a `memprune ingest`/`summarize` output directory)")
     llm = cfg.llm_settings()
     load_template(llm.prompt_name("reply"), "reply")
+    llm.check_model()
     sessions = read_table(data / "sessions.parquet", "sessions")
     bullets = read_table(data / "bullets.parquet", "bullets")
     by_session = bullets_by_session(bullets)
@@ -207,69 +208,70 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
                   highlight=False)
     planned_s = time.perf_counter() - started
 
-    out.mkdir(parents=True, exist_ok=True)
-    t_gen = time.perf_counter()
-    results, chunks = generate_replies(rows, llm, out, cfg.chunk_targets * len(cfg.conditions), cfg.block_rows,
-                                       cfg.progress)
-    generation_s = time.perf_counter() - t_gen
-    gen = rows.append_column("prompt_tokens", pa.array(prompt_tokens, pa.int64())) \
-              .append_column("memory_tokens", pa.array(memory_tokens, pa.int64()))
-    for f in RESULTS:
-        if f.name != "row_id":
-            gen = gen.append_column(f, results.column(f.name))
-    with atomic_path(out / "generations.parquet") as tmp:
-        pq.write_table(gen, tmp)
+    with OutputSet(out, "dialogue-eval") as outputs:
+        t_gen = time.perf_counter()
+        results, chunks = generate_replies(rows, llm, out, cfg.chunk_targets * len(cfg.conditions), cfg.block_rows,
+                                           cfg.progress)
+        generation_s = time.perf_counter() - t_gen
+        gen = rows.append_column("prompt_tokens", pa.array(prompt_tokens, pa.int64())) \
+                  .append_column("memory_tokens", pa.array(memory_tokens, pa.int64()))
+        for f in RESULTS:
+            if f.name != "row_id":
+                gen = gen.append_column(f, results.column(f.name))
+        with atomic_path(outputs.path("generations.parquet")) as tmp:
+            pq.write_table(gen, tmp)
 
-    with JsonlSink(out / "rejects.jsonl") as sink:
-        Ledger(sink).account(gen.select(["row_id", "error", "raw"]).to_pylist(), "reply", str(out / "generations.parquet"))
+        with JsonlSink(outputs.path("rejects.jsonl")) as sink:
+            Ledger(sink).account(gen.select(["row_id", "error", "raw"]).to_pylist(), "reply",
+                                 str(out / "generations.parquet"))
 
-    t_score = time.perf_counter()
-    bert = None
-    if cfg.bertscore.enabled:
-        bert_dir = resolve_encoder(cfg.bertscore.model) if cfg.bertscore.model else encoder_dir
-        bert = M.BertScore(bert_dir, cfg.bertscore.num_layers, cfg.bertscore.batch_size, device)
-    scores = score_replies(gen, cfg.conditions, cfg, encoder, bert)
-    scoring_s = time.perf_counter() - t_score
+        t_score = time.perf_counter()
+        bert = None
+        if cfg.bertscore.enabled:
+            bert_dir = resolve_encoder(cfg.bertscore.model) if cfg.bertscore.model else encoder_dir
+            bert = M.BertScore(bert_dir, cfg.bertscore.num_layers, cfg.bertscore.batch_size, device)
+        scores = score_replies(gen, cfg.conditions, cfg, encoder, bert)
+        scoring_s = time.perf_counter() - t_score
 
-    outcome = {c: outcome_summary(gen.filter(pc.equal(gen.column("condition"), c))) for c in cfg.conditions}
-    notes = list(scores.pop("notes"))
-    if missing:
-        notes.append(f"{len(missing)} memory bullet(s) absent from the pruned store counted as not kept")
-    summary: dict[str, Any] = {
-        "format": DIALOGUE_FORMAT,
-        "data": str(data),
-        "out": str(out),
-        "generator": llm.describe("reply"),
-        "conditions": list(cfg.conditions),
-        "targets": {"sampled": len(sampled.targets), "eligible": sampled.eligible, "excluded": sampled.excluded,
-                    "seed": cfg.seed, "paired": scores["paired"],
-                    "sessions": len({(t.conversation_id, t.session_index) for t in sampled.targets}),
-                    "conversations": len({t.conversation_id for t in sampled.targets})},
-        "metrics": scores["per_condition"],
-        "comparisons": scores["comparisons"],
-        "cost": cost_table(gen, cfg.conditions),
-        "tokens": counter.unit,
-        "llm_outcome": outcome,
-        "rejects": sink.count,
-        "pruned": pruned_info,
-        "retrieval": {"k": cfg.retrieval_k, "query_turns": cfg.retrieval_turns, "encoder": encoder_dir,
-                      "similarity": "cosine of L2-normalised mean-pooled embeddings"} if "retrieval" in cfg.conditions else None,
-        "metric_settings": {
-            "bleu": "sacrebleu corpus BLEU, 13a tokenizer, 0-100",
-            "rouge_l": "rouge_score rougeL F-measure, stemmer on, 0-1 (mean over replies)",
-            "bertscore_f1": None if bert is None else f"bert_score F1 with {model_label(bert.model_dir)}, layer {bert.num_layers}, "
-                                                       f"no baseline rescaling, no idf, 0-1 (mean over replies)",
-            "mauve": f"mauve-text on mean-pooled {model_label(encoder_dir)} features (not GPT-2 large), 0-1",
-            "bootstrap": cfg.bootstrap.model_dump(), "mauve_bootstrap": cfg.mauve.bootstrap,
-        },
-        "chunks": chunks,
-        "notes": notes,
-        "timing": {"plan_s": round(planned_s, 3), "generation_s": round(generation_s, 3),
-                   "scoring_s": round(scoring_s, 3), "total_s": round(time.perf_counter() - started, 3)},
-        "config": cfg.model_dump(mode="json"),
-        "llm": llm.model_dump(mode="json"),
-    }
-    write_summary(out, "dialogue", summary, render_markdown(summary))
+        outcome = {c: outcome_summary(gen.filter(pc.equal(gen.column("condition"), c))) for c in cfg.conditions}
+        notes = list(scores.pop("notes"))
+        if missing:
+            notes.append(f"{len(missing)} memory bullet(s) absent from the pruned store counted as not kept")
+        summary: dict[str, Any] = {
+            "format": DIALOGUE_FORMAT,
+            "data": str(data),
+            "out": str(out),
+            "generator": llm.describe("reply"),
+            "conditions": list(cfg.conditions),
+            "targets": {"sampled": len(sampled.targets), "eligible": sampled.eligible, "excluded": sampled.excluded,
+                        "seed": cfg.seed, "paired": scores["paired"],
+                        "sessions": len({(t.conversation_id, t.session_index) for t in sampled.targets}),
+                        "conversations": len({t.conversation_id for t in sampled.targets})},
+            "metrics": scores["per_condition"],
+            "comparisons": scores["comparisons"],
+            "cost": cost_table(gen, cfg.conditions),
+            "tokens": counter.unit,
+            "llm_outcome": outcome,
+            "rejects": sink.count,
+            "pruned": pruned_info,
+            "retrieval": {"k": cfg.retrieval_k, "query_turns": cfg.retrieval_turns, "encoder": encoder_dir,
+                          "similarity": "cosine of L2-normalised mean-pooled embeddings"} if "retrieval" in cfg.conditions else None,
+            "metric_settings": {
+                "bleu": "sacrebleu corpus BLEU, 13a tokenizer, 0-100",
+                "rouge_l": "rouge_score rougeL F-measure, stemmer on, 0-1 (mean over replies)",
+                "bertscore_f1": None if bert is None else f"bert_score F1 with {model_label(bert.model_dir)}, layer {bert.num_layers}, "
+                                                           f"no baseline rescaling, no idf, 0-1 (mean over replies)",
+                "mauve": f"mauve-text on mean-pooled {model_label(encoder_dir)} features (not GPT-2 large), 0-1",
+                "bootstrap": cfg.bootstrap.model_dump(), "mauve_bootstrap": cfg.mauve.bootstrap,
+            },
+            "chunks": chunks,
+            "notes": notes,
+            "timing": {"plan_s": round(planned_s, 3), "generation_s": round(generation_s, 3),
+                       "scoring_s": round(scoring_s, 3), "total_s": round(time.perf_counter() - started, 3)},
+            "config": cfg.model_dump(mode="json"),
+            "llm": llm.model_dump(mode="json"),
+        }
+        write_summary(outputs.staging, "dialogue", summary, render_markdown(summary))
     console.print(f"dialogue-eval: {scores['paired']} paired targets scored -> {out / 'dialogue.md'}", highlight=False)
     return summary
 

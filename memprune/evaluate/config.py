@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.evaluate.metrics import KS, RELEVANCE_THRESHOLD
 from memprune.prune.config import PruneRule
@@ -19,10 +20,8 @@ class EvaluationError(MemPruneError):
     """The run or corpus cannot be evaluated (missing files, no usable rows); the message says where."""
 
 
-class EvalSettings(BaseModel):
+class EvalSettings(ConfigModel):
     """Every option of `memprune evaluate` except the paths (the pipeline's `evaluate:` section)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     rule: PruneRule = Field(default_factory=PruneRule,
                             description="the pruning rule of the main pruning table (threshold) and of the sweep (top-k)")

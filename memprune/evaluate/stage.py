@@ -34,9 +34,10 @@ from memprune.evaluate.significance import (
     paired_seed_test,
     wilcoxon_sessions,
 )
-from memprune.io import JsonlSink, jsonable, write_json, write_table
+from memprune.io import JsonlSink, OutputSet, check_out, jsonable, write_json, write_table
 from memprune.prune.rule import group_codes, rank_within_groups
 from memprune.rejects import Ledger
+from memprune.tokens import check_unit
 
 
 def evaluate_frame(df: pd.DataFrame, config: EvalSettings) -> tuple[dict[str, Any], pd.DataFrame]:
@@ -204,65 +205,67 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
         layout: dict[str, dict[int, Any]] = {}
     else:
         layout = discover_run(run_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_out(out_dir, "evaluate")
+    check_unit(cfg.tokenizer)
+    with OutputSet(out_dir, "evaluate") as outputs:
 
-    with JsonlSink(out_dir / "rejects.jsonl") as sink:
-        ledger = Ledger(sink)
-        if folds:
-            loaded, fold_info, more = load_folds(folds, ledger)
-            fold_notes += more
-            layout = {s: {k: run_dir / f"fold*/{s}/seed{k}/predictions.parquet" for k in seeds}
-                      for s, seeds in loaded.items()}
-        else:
-            loaded = {s: {k: load_predictions(p, ledger, cfg.splits) for k, p in seeds.items()}
-                      for s, seeds in layout.items()}
+        with JsonlSink(outputs.path("rejects.jsonl")) as sink:
+            ledger = Ledger(sink)
+            if folds:
+                loaded, fold_info, more = load_folds(folds, ledger)
+                fold_notes += more
+                layout = {s: {k: run_dir / f"fold*/{s}/seed{k}/predictions.parquet" for k in seeds}
+                          for s, seeds in loaded.items()}
+            else:
+                loaded = {s: {k: load_predictions(p, ledger, cfg.splits) for k, p in seeds.items()}
+                          for s, seeds in layout.items()}
 
-    corpus = load_corpus(data_dir, cfg.tokenizer, run_encoder(run_dir)) if data_dir is not None else None
+        corpus = load_corpus(data_dir, cfg.tokenizer, run_encoder(run_dir)) if data_dir is not None else None
 
-    result: dict[str, Any] = {
-        "run_dir": str(run_dir),
-        "data_dir": str(data_dir) if data_dir is not None else None,
-        "config": cfg.model_dump(mode="json"),
-        "tokenizer": corpus.tokenizer if corpus else None,
-        "inputs": {s: {str(k): str(p) for k, p in seeds.items()} for s, seeds in layout.items()},
-        "predictions": ledger.summary(),
-        "notes": fold_notes,
-        "splits": {},
-    }
-    if fold_info is not None:
-        result["folds"] = fold_info
-    tables = []
-    for split in cfg.splits:
-        frames: dict[str, dict[int, pd.DataFrame]] = {}
-        for stage, seeds in loaded.items():
-            for seed, df in seeds.items():
-                part = df[df["split"] == split]
-                if len(part):
-                    frames.setdefault(stage, {})[seed] = part.reset_index(drop=True)
-                elif split == "test":
-                    raise EvaluationError(f"{layout[stage][seed]}: no usable rows with split == 'test'")
-        if not frames:
-            result["notes"].append(f"no prediction rows with split {split!r}: split skipped")
-            continue
-        if corpus is not None:
-            known = set(corpus.tokens.index)
-            ids = {b for seeds in frames.values() for f in seeds.values() for b in f["bullet_id"]}
-            if ids and not ids & known:
-                raise EvaluationError(
-                    f"{corpus.data_dir}/bullets.parquet: none of the {len(ids)} {split} bullets of the run is in it "
-                    "(wrong --data?)"
-                )
-        result["splits"][split], table = _evaluate_split(split, frames, cfg, corpus)
-        tables.append(table)
+        result: dict[str, Any] = {
+            "run_dir": str(run_dir),
+            "data_dir": str(data_dir) if data_dir is not None else None,
+            "config": cfg.model_dump(mode="json"),
+            "tokenizer": corpus.tokenizer if corpus else None,
+            "inputs": {s: {str(k): str(p) for k, p in seeds.items()} for s, seeds in layout.items()},
+            "predictions": ledger.summary(),
+            "notes": fold_notes,
+            "splits": {},
+        }
+        if fold_info is not None:
+            result["folds"] = fold_info
+        tables = []
+        for split in cfg.splits:
+            frames: dict[str, dict[int, pd.DataFrame]] = {}
+            for stage, seeds in loaded.items():
+                for seed, df in seeds.items():
+                    part = df[df["split"] == split]
+                    if len(part):
+                        frames.setdefault(stage, {})[seed] = part.reset_index(drop=True)
+                    elif split == "test":
+                        raise EvaluationError(f"{layout[stage][seed]}: no usable rows with split == 'test'")
+            if not frames:
+                result["notes"].append(f"no prediction rows with split {split!r}: split skipped")
+                continue
+            if corpus is not None:
+                known = set(corpus.tokens.index)
+                ids = {b for seeds in frames.values() for f in seeds.values() for b in f["bullet_id"]}
+                if ids and not ids & known:
+                    raise EvaluationError(
+                        f"{corpus.data_dir}/bullets.parquet: none of the {len(ids)} {split} bullets of the run is in it "
+                        "(wrong --data?)"
+                    )
+            result["splits"][split], table = _evaluate_split(split, frames, cfg, corpus)
+            tables.append(table)
 
-    sessions = pd.concat(tables).reset_index()
-    write_table(pa.Table.from_pandas(sessions, preserve_index=False), out_dir / "session_metrics.parquet")
-    clean = jsonable(result)
-    write_json(out_dir / "metrics.json", clean)
-    report = write_report(clean, out_dir, figures=cfg.figures)
+        sessions = pd.concat(tables).reset_index()
+        write_table(pa.Table.from_pandas(sessions, preserve_index=False), outputs.path("session_metrics.parquet"))
+        clean = jsonable(result)
+        write_json(outputs.path("metrics.json"), clean)
+        write_report(clean, outputs.staging, figures=cfg.figures)
     clean["outputs"] = {
         "metrics": str(out_dir / "metrics.json"),
-        "report": str(report),
+        "report": str(out_dir / "report.md"),
         "session_metrics": str(out_dir / "session_metrics.parquet"),
         "rejects": str(out_dir / "rejects.jsonl"),
     }

@@ -10,8 +10,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.label.pairs import PairOptions
 
@@ -22,10 +23,8 @@ class LabelError(MemPruneError):
     """The labeling stage cannot run with these inputs or settings (the message says why)."""
 
 
-class SimilarityOptions(BaseModel):
+class SimilarityOptions(ConfigModel):
     """Settings of the similarity (encoder proxy) judge."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, description="Encoder path or hub id; default: local all-MiniLM-L6-v2.")
     batch_size: int = Field(128, ge=1)
@@ -36,10 +35,8 @@ class SimilarityOptions(BaseModel):
     actors: int = Field(2, ge=1, description="Actor pool size for executor=ray.")
 
 
-class QALabelSettings(BaseModel):
+class QALabelSettings(ConfigModel):
     """source=qa: how QA evidence becomes labels (see `memprune.label.sources.qa_labels`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     grading: Literal["binary", "graded"] = Field("binary", description="binary: cited at all; graded: by citing questions")
     grade_cap: int = Field(3, ge=1, description="graded: label = min(1, n_citing / grade_cap)")
@@ -47,10 +44,8 @@ class QALabelSettings(BaseModel):
     categories: list[int] | None = Field(None, description="only QA items of these categories (None = all)")
 
 
-class UsageLabelSettings(BaseModel):
+class UsageLabelSettings(ConfigModel):
     """source=usage: the usage log and how its events become labels (see `memprune.label.sources.usage_labels`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     log: Path | None = Field(None, description="usage log: a .parquet/.jsonl file or a directory of them")
     aggregation: Literal["max", "mean"] = Field("max", description="label = max or mean of the event values")
@@ -59,10 +54,8 @@ class UsageLabelSettings(BaseModel):
     until: datetime | None = Field(None, description="count only events at or before this time")
 
 
-class LabelSettings(BaseModel):
+class LabelSettings(ConfigModel):
     """Every option of `memprune label` except the paths (the pipeline's `label:` section)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     source: Literal["judge", "qa", "usage"] = Field("judge", description="judge (LLM/similarity), qa or usage")
     qa: QALabelSettings = Field(default_factory=QALabelSettings)

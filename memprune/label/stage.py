@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memprune.io import JsonlSink, read_table, write_jsonl, write_summary, write_table
+from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_jsonl, write_summary, write_table
 from memprune.label import sources
 from memprune.label.aggregate import ALL_PAIRS_FAILED, aggregate
 from memprune.label.config import LabelConfig, LabelError
@@ -73,7 +73,7 @@ def _work_payload(cfg: LabelConfig, inputs: dict[str, str], judge_settings: dict
 def run_judge(cfg: LabelConfig) -> dict[str, Any]:
     """Run the labeling stage described by `cfg`; return the `label.json` summary."""
     started = time.perf_counter()
-    data, out = Path(cfg.data), Path(cfg.out)
+    data, out = Path(cfg.data), check_out(cfg.out, "label")
     sessions_path, bullets_path = data / "sessions.parquet", data / "bullets.parquet"
     sessions = read_table(sessions_path, "sessions")
     bullets = read_table(bullets_path, "bullets")
@@ -92,11 +92,11 @@ def run_judge(cfg: LabelConfig) -> dict[str, Any]:
         from memprune.label.llm_judge import LLMJudge
 
         llm_config = cfg.llm_settings()
+        llm_config.check_model()
         judge = LLMJudge(llm_config)
         settings = {"llm": llm_config.model_dump(mode="json")}
 
     plan = build_pairs(sessions, bullets, options, with_context=cfg.judge == "llm")
-    out.mkdir(parents=True, exist_ok=True)
     work = WorkDir(out, _work_payload(cfg, inputs, settings))
     stats: dict[str, Any] = {}
     if cfg.judge == "similarity":
@@ -124,16 +124,17 @@ def run_judge(cfg: LabelConfig) -> dict[str, Any]:
     ).sort_by([("bullet_id", "ascending"), ("turn_id", "ascending")]).combine_chunks()
     labels, failed = aggregate(pairs, cfg.decay, cfg.aggregation)
 
-    write_table(pairs, out / "pairs.parquet", "pairs")
-    write_table(labels, out / "labels.parquet", "labels")
     unlabelled = sorted(
         [{"bullet_id": b, "reason": r, "n_pairs": 0, "n_errors": 0} for b, r in plan.unpaired] + failed,
         key=lambda d: d["bullet_id"],
     )
-    write_jsonl(out / "unlabelled.jsonl", unlabelled)
     summary = _summary(cfg, plan, pairs, labels, unlabelled, judge.name, inputs, work, stats,
                        time.perf_counter() - started)
-    write_summary(out, "label", summary, render_markdown(summary))
+    with OutputSet(out, "label") as outputs:
+        write_table(pairs, outputs.path("pairs.parquet"), "pairs")
+        write_table(labels, outputs.path("labels.parquet"), "labels")
+        write_jsonl(outputs.path("unlabelled.jsonl"), unlabelled)
+        write_summary(outputs.staging, "label", summary, render_markdown(summary))
     return summary
 
 
@@ -214,11 +215,16 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
     be used are written to `OUT/rejects.jsonl` with file, record, field and reason.
     """
     started = time.perf_counter()
-    data, out = Path(cfg.data), Path(cfg.out)
+    data, out = Path(cfg.data), check_out(cfg.out, "label")
     bullets_path = data / "bullets.parquet"
     bullets = read_table(bullets_path, "bullets")
     inputs: dict[str, str] = {"bullets.parquet": file_digest(bullets_path)}
-    out.mkdir(parents=True, exist_ok=True)
+    with OutputSet(out, "label") as outputs:
+        return _run_source(cfg, data, bullets, inputs, outputs, started)
+
+
+def _run_source(cfg: LabelConfig, data: Path, bullets: pa.Table, inputs: dict[str, str], outputs: OutputSet,
+                started: float) -> dict[str, Any]:
     ledger_summary: dict[str, Any] | None = None
     if cfg.source == "qa":
         qa_path, sessions_path = data / "qa.parquet", data / "sessions.parquet"
@@ -246,7 +252,7 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
         except ValueError as exc:
             raise LabelError(str(exc)) from exc
         bullet_conv = dict(zip(bullets.column("bullet_id").to_pylist(), bullets.column("conversation_id").to_pylist()))
-        with JsonlSink(out / "rejects.jsonl") as sink:
+        with JsonlSink(outputs.path("rejects.jsonl")) as sink:
             ledger = Ledger(sink)
             files = sources.usage_files(u.log)
             totals, log_counts = sources.read_usage_log(u.log, bullet_conv, ledger, options_u)
@@ -256,8 +262,8 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
         ledger_summary = ledger.summary()
         rule = options_u.rule()
 
-    write_table(result.labels, out / "labels.parquet", "labels")
-    write_jsonl(out / "unlabelled.jsonl", result.unlabelled)
+    write_table(result.labels, outputs.path("labels.parquet"), "labels")
+    write_jsonl(outputs.path("unlabelled.jsonl"), result.unlabelled)
 
     c = result.counts
     reconciles = c["bullets"] == c["bullets_labelled"] + c["bullets_unlabelled"]
@@ -291,7 +297,7 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
     }
     if ledger_summary is not None:
         summary["ledger"] = ledger_summary
-    write_summary(out, "label", summary, render_source_markdown(summary))
+    write_summary(outputs.staging, "label", summary, render_source_markdown(summary))
     return summary
 
 

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from memprune.config import ConfigError, merge, parse_overrides, read_yaml, validate
+from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, read_yaml, validate
 
 Engine = Literal["vllm", "http", "hf"]
 Task = Literal["judge", "summarize", "reply", "answer", "qa_judge"]
@@ -25,10 +25,8 @@ Task = Literal["judge", "summarize", "reply", "answer", "qa_judge"]
 DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96, "answer": 64, "qa_judge": 24}
 
 
-class Sampling(BaseModel):
+class Sampling(ConfigModel):
     """Decoding settings. Attempt 1 uses `temperature`/`seed`; retries use `retry_*`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     temperature: float = Field(0.0, ge=0.0, description="Temperature of the first attempt (0 = greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -68,10 +66,10 @@ class Sampling(BaseModel):
         return self.seed + attempt - 1
 
 
-class LLMConfig(BaseModel):
+class LLMConfig(ConfigModel):
     """Which engine, which model, how to decode and how to spread the work over Ray."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())
 
     engine: Engine = Field(..., description="vllm (ray.data.llm + vLLM), http (OpenAI-compatible) or hf (transformers).")
     model: str = Field(..., description="Local model directory or hub id (http: the served model name).")
@@ -113,6 +111,7 @@ class LLMConfig(BaseModel):
     api_key_env: str | None = Field(None, description="http: name of the environment variable holding the API key.")
     qps: int | None = Field(None, ge=1, description="http: requests per second per worker (None: no limit).")
     http_retries: int = Field(3, ge=0, description="http: retries of failed requests (429/5xx/timeouts), with backoff.")
+    http_retry_wait_s: float = Field(1.0, gt=0, description="http: the first backoff wait; it doubles with each retry.")
     response_format: Literal["json_schema", "json_object", "none"] = Field(
         "json_schema", description="http: response_format sent when structured_output is on.")
 
@@ -142,6 +141,25 @@ class LLMConfig(BaseModel):
         if self.tensor_parallel_size > 1 and (self.engine != "vllm" or self.accelerator != "gpu"):
             raise ValueError("tensor_parallel_size > 1 needs engine vllm on accelerator gpu")
         return self
+
+    def check_model(self) -> None:
+        """Fail fast, before any engine starts, when a local engine's model cannot be found.
+
+        A path must exist; a hub id must be in the local cache when HF_HUB_OFFLINE is set. The http
+        engine only sends the name to its server, so nothing is checked for it.
+        """
+        if self.engine == "http":
+            return
+        if self.model.startswith(("/", "./", "../", "~")) or Path(self.model).is_absolute():
+            if not Path(self.model).expanduser().exists():
+                raise ConfigError(f"model: {self.model}: no such model directory")
+            return
+        if os.environ.get("HF_HUB_OFFLINE"):
+            from huggingface_hub import try_to_load_from_cache
+
+            if not isinstance(try_to_load_from_cache(self.model, "config.json"), str):
+                raise ConfigError(f"model: {self.model!r} is neither a local directory nor in the Hugging Face cache, "
+                                  "and HF_HUB_OFFLINE is set (nothing can be downloaded)")
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str], overrides: list[str] | None = None) -> "LLMConfig":

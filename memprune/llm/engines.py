@@ -287,6 +287,43 @@ def http_postprocess(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class RateLimitedSessions:
+    """aiohttp sessions that send at most `qps` requests per second from this worker process.
+
+    ray.data.llm's HTTP stage paces the creation of its request coroutines, not their sends (it
+    awaits them one by one afterwards), so its own `qps` leaves the wire unlimited. This factory's
+    sessions wait in aiohttp's request-start hook, which runs right before each send (retries too).
+    """
+
+    def __init__(self, qps: float) -> None:
+        self.qps = qps
+
+    def __call__(self) -> Any:
+        import aiohttp
+
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(self._wait)
+        return aiohttp.ClientSession(trace_configs=[trace])
+
+    async def _wait(self, session: Any, context: Any, params: Any) -> None:
+        await _pace(self.qps)
+
+
+_NEXT_SEND: dict[float, float] = {}
+
+
+async def _pace(qps: float) -> None:
+    """Sleep until this process may send its next request under `qps` (one slot every 1/qps seconds)."""
+    import asyncio
+    import time
+
+    now = time.monotonic()
+    start = max(now, _NEXT_SEND.get(qps, now))
+    _NEXT_SEND[qps] = start + 1.0 / qps  # no await between read and write: atomic on the event loop
+    if start > now:
+        await asyncio.sleep(start - now)
+
+
 def http_processor_config(config: LLMConfig) -> Any:
     """The `HttpRequestProcessorConfig` for `base_url`/chat/completions with qps, retries and auth header."""
     HttpRequestProcessorConfig = _ray_data_llm().HttpRequestProcessorConfig
@@ -300,8 +337,10 @@ def http_processor_config(config: LLMConfig) -> Any:
     return HttpRequestProcessorConfig(
         url=config.base_url.rstrip("/") + "/chat/completions",
         headers=headers or None,
-        qps=config.qps,
+        qps=None,  # paced by the session factory instead (see RateLimitedSessions)
+        session_factory=RateLimitedSessions(config.qps) if config.qps else None,
         max_retries=config.http_retries,
+        base_retry_wait_time_in_s=config.http_retry_wait_s,
         batch_size=config.batch_size,
         concurrency=(n, n),
         http_request_stage=stage,

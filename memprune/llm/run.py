@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig, Task
-from memprune.llm.engines import full_replicas, generate
+from memprune.llm.engines import LLMError, full_replicas, generate
 from memprune.llm.parsing import SCHEMAS, parse_answer, parse_judge, parse_qa_judge, parse_reply, parse_summary
 from memprune.llm.prompts import (
     PromptError,
@@ -303,6 +303,7 @@ def run_llm(ds: Any, config: LLMConfig, task: Task, keep_inputs: bool = False) -
     if task not in TASK_INPUTS:
         raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_INPUTS)}")
     load_template(config.prompt_name(task), task)  # fail fast on a bad template
+    config.check_model()  # and on a model that is not there, before an engine starts
     names, passthrough = _passthrough_schema(ds, task, keep_inputs)
     check_columns(names, task)
     prepared = ds.map_batches(_Prepare(config, task, keep_inputs), batch_format="pyarrow").materialize()
@@ -317,8 +318,15 @@ def run_llm(ds: Any, config: LLMConfig, task: Task, keep_inputs: bool = False) -
             full = full_replicas(config)
         replicas = max(1, min(full, math.ceil(n / config.batch_size)))
         final = attempt == config.max_retries + 1
-        settled = generate(pending, config, task, attempt, replicas).map_batches(
-            _Settle(task, attempt, final), batch_format="pyarrow").materialize()
+        try:
+            settled = generate(pending, config, task, attempt, replicas).map_batches(
+                _Settle(task, attempt, final), batch_format="pyarrow").materialize()
+        except Exception as exc:
+            if "Reached maximum retries" in str(exc):  # ray.data.llm's HTTP stage gave up on a request
+                raise LLMError(f"{config.base_url}: the server kept failing (429/5xx/timeouts) after "
+                               f"{config.http_retries} retries with backoff; raise http_retries or lower qps, then "
+                               "rerun (finished work is kept)") from exc
+            raise
         finished.append(settled.map_batches(_done, batch_format="pyarrow"))
         pending = settled.map_batches(_pending, batch_format="pyarrow").materialize()
     out = finished[0].union(*finished[1:]) if len(finished) > 1 else finished[0]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from memprune.config import validate
+from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
 from memprune.prune.rule import setting_name
 
@@ -27,10 +27,10 @@ class PruneError(MemPruneError):
     """The store, scorer or config cannot be pruned; the message names the file, column or key."""
 
 
-class PruneRule(BaseModel):
+class PruneRule(ConfigModel):
     """DESIGN step 5: drop scores below `threshold`, then keep the `top_k` best of each group."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     threshold: float | None = Field(0.5, ge=0.0, le=1.0,
                                     description="drop bullets scored below this (scores are in [0, 1]); null = no threshold")
@@ -64,10 +64,8 @@ class PruneRule(BaseModel):
         return out
 
 
-class PruneSettings(BaseModel):
+class PruneSettings(ConfigModel):
     """Every option of the prune stage except the paths (the pipeline's `prune:` section)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     rule: PruneRule = Field(default_factory=PruneRule)
     grouping: Literal["auto", "contiguous", "shuffle"] = Field(

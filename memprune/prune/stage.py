@@ -9,9 +9,7 @@ writes `OUT/prune.json` and `OUT/prune.md`: bullets and tokens per group before 
 from __future__ import annotations
 
 import math
-import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from memprune.io import write_summary
+from memprune.encoders import EncoderError
+from memprune.io import OutputSet, check_out, write_summary
 from memprune.prune.config import PruneConfig, PruneError
 from memprune.prune.report import render_markdown
 from memprune.prune.stats import empty_stats, summarize_stats
@@ -31,10 +30,9 @@ from memprune.prune.store import (
     list_store_files,
     open_store,
     plan_store,
-    swap_into_place,
 )
 from memprune.runtime import ActorResources, ensure_ray, plan_actors
-from memprune.scorer import ScorerError, read_scorer_config
+from memprune.scorer import ScorerError, check_artifact
 from memprune.tokens import check_unit, unit_name
 
 PRUNE_FORMAT = 1
@@ -42,27 +40,27 @@ console = Console(stderr=True)
 
 
 def check_scorer(path: str) -> dict[str, Any]:
-    """Validate a scorer artifact cheaply on the driver (config + files); return what prune.json records."""
+    """Validate a scorer artifact on the driver, before Ray starts: config, head weights, encoder, adapter.
+
+    Returns what prune.json records. Loading the whole scorer in every actor and failing there
+    would cost a cluster's start-up and bury the reason in actor tracebacks.
+    """
     p = Path(path)
     try:
-        sc = read_scorer_config(p)
-    except ScorerError as exc:
-        raise PruneError(str(exc).replace("\n", " ")) from exc
-    if not (p / "head.safetensors").is_file():
-        raise PruneError(f"{p}: missing head.safetensors")
+        sc = check_artifact(p)
+    except (ScorerError, EncoderError) as exc:
+        raise PruneError(str(exc)) from exc
     return {"path": str(p.resolve()), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
             "lora": sc.lora is not None, "max_length": sc.max_length}
 
 
 def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
-    from memprune.prune.job import run_pipeline
-
     started = time.perf_counter()
+    out = check_out(config.out, "prune")
     check_unit(config.tokenizer)
     scorer_info = check_scorer(config.scorer)
     rule, settings = config.rule, config.settings()
-    out = Path(config.out)
     files, schema, notes = open_store(list_store_files(config.input), config.columns)
     rows_wanted = min(sum(f.num_rows for f in files), config.limit_rows or math.inf)
     res: ActorResources | None = None
@@ -84,34 +82,45 @@ def run(config: PruneConfig) -> dict[str, Any]:
     plan = plan_store(files, rule.keys, block_rows, config.grouping, config.limit_rows)
     console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "
                   f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks", highlight=False)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{STORE_DIR}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        if plan.rows == 0 or res is None:
-            stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
-            timing: dict[str, float] = {}
-            tmp.mkdir(parents=True)
-            out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
-            pq.write_table(out_schema.empty_table(), tmp / "part-00000.parquet")
-        else:
-            stats, timing = run_pipeline(config, res, plan, schema, tmp)
-            timing = {"ray_init_s": init_s, **timing}
-        written = finalize_files(tmp)
-        rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
-        if not (plan.rows == stats["rows"] == rows_out):
-            raise PruneError(f"row count mismatch: {plan.rows} read, {stats['rows']} scored, {rows_out} written")
-        if stats["split_groups"]:
-            raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
-        store = swap_into_place(tmp, out / STORE_DIR)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with OutputSet(out, "prune") as outputs:
+        summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, init_s,
+                            started, outputs)
+    console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
+                  f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {out / STORE_DIR}", highlight=False)
+    return summary
+
+
+def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema: pa.Schema,
+              settings: list[tuple[float | None, int | None]], files: list[Any], notes: list[str],
+              scorer_info: dict[str, Any], block_rows: int, init_s: float, started: float,
+              outputs: OutputSet) -> dict[str, Any]:
+    """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
+    from memprune.prune.job import run_pipeline
+
+    rule = config.rule
+    store = outputs.path(STORE_DIR)
+    if plan.rows == 0 or res is None:
+        stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
+        timing: dict[str, float] = {}
+        store.mkdir(parents=True)
+        out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
+        pq.write_table(out_schema.empty_table(), store / "part-00000.parquet")
+    else:
+        stats, timing = run_pipeline(config, res, plan, schema, store)
+        timing = {"ray_init_s": init_s, **timing}
+    written = finalize_files(store)
+    rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
+    if not (plan.rows == stats["rows"] == rows_out):
+        raise PruneError(f"row count mismatch: {plan.rows} read, {stats['rows']} scored, {rows_out} written")
+    if stats["split_groups"]:
+        raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
+    final_store = outputs.out / STORE_DIR
     per_setting = summarize_stats(stats, settings)
     summary = {
         "format": PRUNE_FORMAT,
         "input": {"path": str(config.input), "files": [f.path for f in files], "rows": plan.rows,
                   "rows_in_files": sum(f.num_rows for f in files), "limit_rows": config.limit_rows},
-        "output": {"store": str(store), "files": [p.name for p in sorted(store.glob("*.parquet"))], "rows": rows_out,
+        "output": {"store": str(final_store), "files": [p.name for p in written], "rows": rows_out,
                    "columns": [*schema.names, "score", "keep"]},
         "scorer": scorer_info,
         "rule": {"threshold": rule.threshold, "top_k": rule.top_k, "group_by": rule.group_by, "keys": list(rule.keys),
@@ -138,7 +147,5 @@ def run(config: PruneConfig) -> dict[str, Any]:
         "notes": notes,
         "config": config.model_dump(mode="json"),
     }
-    write_summary(out, "prune", summary, render_markdown(summary))
-    console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
-                  f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {store}", highlight=False)
+    write_summary(outputs.staging, "prune", summary, render_markdown(summary))
     return summary

@@ -11,22 +11,23 @@ and swapped into place, so a failed run never leaves half a store.
 from __future__ import annotations
 
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from memprune.io import check_committed
 from memprune.prune.config import PruneError
 from memprune.prune.scoring import HELPERS, OUTPUT_COLUMNS
 from memprune.prune.stats import stable_hash
-from memprune.schema import BULLETS
+from memprune.schema import BULLETS, compatible
 
 REQUIRED = tuple(f.name for f in BULLETS)
 NOT_NULL = tuple(f.name for f in BULLETS if not f.nullable)
@@ -50,6 +51,7 @@ def list_store_files(input: str | os.PathLike[str]) -> list[Path]:
         return [p]
     if not p.exists():
         raise PruneError(f"{p}: no such file or directory")
+    check_committed(p)  # a store directory another step wrote, e.g. OUT/pruned
     if (p / "bullets.parquet").is_file():
         return [p / "bullets.parquet"]
     files = sorted(f for f in p.rglob("*.parquet") if f.is_file() and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
@@ -61,14 +63,16 @@ def list_store_files(input: str | os.PathLike[str]) -> list[Path]:
 def open_store(files: Sequence[Path], columns: list[str] | None) -> tuple[list[StoreFile], pa.Schema, list[str]]:
     """Check every file's footer and schema; return the files, the read schema and notes.
 
-    The BULLETS columns must be present with their exact types; all files must agree on
-    the columns that are carried. Errors name the file and the column.
+    The BULLETS columns must be present with their types (or a compatible encoding, e.g. the
+    large_string of pandas, cast on read); all files must agree on the columns that are carried.
+    Errors name the file and the column.
     """
     infos: list[StoreFile] = []
     read_schema: pa.Schema | None = None
     notes: list[str] = []
     offset = 0
     for path in files:
+        check_committed(path)
         try:
             pf = pq.ParquetFile(path)
             schema = pf.schema_arrow
@@ -78,7 +82,7 @@ def open_store(files: Sequence[Path], columns: list[str] | None) -> tuple[list[S
             if f.name not in schema.names:
                 raise PruneError(f"{path}: column {f.name!r} missing (not a bullets table)")
             got = schema.field(f.name).type
-            if not got.equals(f.type):
+            if not compatible(got, f.type):
                 raise PruneError(f"{path}: column {f.name!r} has type {got}, expected {f.type}")
         wanted = list(REQUIRED) + [
             n for n in schema.names if n not in REQUIRED and n not in OUTPUT_COLUMNS and n not in HELPERS
@@ -91,7 +95,7 @@ def open_store(files: Sequence[Path], columns: list[str] | None) -> tuple[list[S
         replaced = [n for n in OUTPUT_COLUMNS if n in schema.names]
         if replaced and not notes:
             notes.append(f"input already has {', '.join(replaced)}: replaced by this run's values")
-        file_schema = pa.schema([schema.field(n) for n in wanted])
+        file_schema = pa.schema([BULLETS.field(n) if n in REQUIRED else schema.field(n) for n in wanted])
         if read_schema is None:
             read_schema = file_schema
         elif [(f.name, f.type) for f in file_schema] != [(f.name, f.type) for f in read_schema]:
@@ -137,6 +141,27 @@ class Plan:
     scan_s: float = 0.0
 
 
+def _check_items(column: pa.Array, path: str, first_row: int) -> None:
+    """Refuse null items inside the evidence lists (the schema's lists hold turn ids, never nulls)."""
+    items = pc.list_flatten(column)
+    if items.null_count:
+        parent = pc.list_parent_indices(column).to_numpy()
+        at = first_row + int(parent[np.flatnonzero(items.is_null().to_numpy(zero_copy_only=False))[0]])
+        raise PruneError(f"{path}: column 'evidence' has {items.null_count} null item(s) inside its lists, "
+                         f"the first at row {at}")
+
+
+def _check_unique_ids(files: Sequence[StoreFile], hashes: np.ndarray) -> None:
+    """Refuse a store in which a bullet_id appears twice (the two rows would get conflicting decisions)."""
+    uniq, counts = np.unique(hashes, return_counts=True)
+    for h in uniq[counts > 1]:
+        (fa, ra), (fb, rb) = (_locate(files, int(r)) for r in np.flatnonzero(hashes == h)[:2])
+        ids = [pq.read_table(f, columns=["bullet_id"]).column(0)[r].as_py() for f, r in ((fa, ra), (fb, rb))]
+        if ids[0] == ids[1]:  # not a hash collision
+            raise PruneError(f"{fa}: duplicate bullet_id {ids[0]!r} (row {ra}, again in {fb} row {rb}); "
+                             "every bullet must have one id to get one decision")
+
+
 def _key_values(batch: pa.RecordBatch, keys: Sequence[str]) -> list[np.ndarray]:
     return [batch.column(k).to_numpy(zero_copy_only=False) for k in keys]
 
@@ -156,6 +181,7 @@ def plan_store(
     limit = total if limit_rows is None else min(limit_rows, total)
     run_starts: list[np.ndarray] = []
     run_hashes: list[np.ndarray] = []
+    id_hashes: list[np.ndarray] = []
     prev: tuple[Any, ...] | None = None
     end = total  # first row not taken (limit rounded up to the end of a group)
     done = False
@@ -165,8 +191,10 @@ def plan_store(
         pf = pq.ParquetFile(f.path)
         row = f.offset
         try:
-            batches = pf.iter_batches(columns=list(keys), batch_size=65_536)
+            batches = pf.iter_batches(columns=list(dict.fromkeys([*keys, "bullet_id", "evidence"])), batch_size=65_536)
             for batch in batches:
+                _check_items(batch.column("evidence"), f.path, row - f.offset)
+                id_hashes.append(pd.util.hash_array(batch.column("bullet_id").to_numpy(zero_copy_only=False)))
                 vals = _key_values(batch, keys)
                 n = batch.num_rows
                 change = np.zeros(n, dtype=bool)
@@ -194,6 +222,7 @@ def plan_store(
     starts = np.concatenate(run_starts) if run_starts else np.zeros(0, dtype=np.int64)
     hashes = np.concatenate(run_hashes) if run_hashes else np.zeros(0, dtype=np.int64)
     rows = end
+    _check_unique_ids(files, np.concatenate(id_hashes)[:rows] if id_hashes else np.zeros(0, dtype=np.uint64))
     n_runs = len(starts)
     uniq, counts = np.unique(hashes, return_counts=True)
     contiguous = len(uniq) == n_runs
@@ -276,7 +305,11 @@ def read_rows(files: Sequence[StoreFile], start: int, stop: int, schema: pa.Sche
             if nulls:
                 i = int(np.flatnonzero(t.column(name).is_null().to_numpy(zero_copy_only=False))[0])
                 raise PruneError(f"{f.path}: column {name!r} is null at row {la + i} ({nulls} null(s) in rows {la}-{lb - 1})")
-        parts.append(t.select(schema.names).cast(schema))
+        try:
+            parts.append(t.select(schema.names).cast(schema))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise PruneError(f"{f.path}: rows {la}-{lb - 1} cannot be read as a bullets table: "
+                             f"{str(exc).splitlines()[0]}") from None
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
@@ -290,18 +323,6 @@ def finalize_files(tmp: Path) -> list[Path]:
         p.rename(target)
         out.append(target)
     return out
-
-
-def swap_into_place(tmp: Path, target: Path) -> Path:
-    """Atomically replace `target` (a directory) by `tmp`; the old store is removed only afterwards."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return target
 
 
 def read_pruned(out: str | os.PathLike[str]) -> pa.Table:

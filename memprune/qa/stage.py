@@ -34,7 +34,7 @@ from memprune.dialogue.plan import bullets_by_session
 from memprune.dialogue.scoring import cost_table
 from memprune.dialogue.stage import TokenCounter, load_keep, missing_from_store
 from memprune.encoders import SentenceEncoder, resolve_encoder
-from memprune.io import JsonlSink, atomic_path, read_table, write_summary
+from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import run_llm_chunks
 from memprune.llm.prompts import answer_messages, load_template
@@ -80,13 +80,18 @@ ANSWERS = pa.schema([
 ANSWER_OUT = ("prediction", "parse", "raw", "error", "attempts", "tokens_in", "tokens_out")
 
 
-def read_corpus(data: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(qa, sessions, bullets) of a corpus directory; a missing table is a `QAError` naming it."""
+def check_corpus(data: Path) -> None:
+    """A `QAError` naming the directory and the table when the corpus lacks qa, sessions or bullets."""
     for name in ("qa", "sessions", "bullets"):
         if not (data / f"{name}.parquet").is_file():
             hint = " (qa-eval needs a corpus with questions: `memprune ingest --format locomo` or a jsonl corpus " \
                    "with `qa`)" if name == "qa" else " (give a `memprune ingest`/`summarize` output directory)"
             raise QAError(f"{data}: no {name}.parquet here{hint}")
+
+
+def read_corpus(data: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(qa, sessions, bullets) of a corpus directory; a missing or empty table is a `QAError` naming it."""
+    check_corpus(data)
     qa = read_table(data / "qa.parquet", "qa")
     if qa.num_rows == 0:
         raise QAError(f"{data / 'qa.parquet'}: the qa table is empty: no question to evaluate")
@@ -216,11 +221,14 @@ def answers_table(cfg: QAEvalConfig, planned: Plan, answered: pa.Table, judged: 
 def run(cfg: QAEvalConfig) -> dict[str, Any]:
     """Plan the questions x conditions, answer, judge, score; write OUT/ and return qa.json."""
     started = time.perf_counter()
-    out = Path(cfg.out)
+    out = check_out(cfg.out, "qa-eval")
+    check_corpus(Path(cfg.data))
     llm, judge = cfg.llm_settings(), cfg.judge_settings()
     load_template(llm.prompt_name("answer"), "answer")
+    llm.check_model()
     if judge is not None:
         load_template(judge.prompt_name("qa_judge"), "qa_judge")
+        judge.check_model()
     planned = plan(cfg, llm)
     rows = planned.rows
     console.print(f"qa-eval: {len(planned.questions)} questions x {len(cfg.conditions)} conditions = {rows.num_rows} "
@@ -228,7 +236,16 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
                   + (f", verdicts by {judge.describe('qa_judge')}" if judge else ""), highlight=False)
     planned_s = time.perf_counter() - started
 
-    out.mkdir(parents=True, exist_ok=True)
+    with OutputSet(out, "qa-eval") as outputs:
+        summary = _answer_and_score(cfg, planned, llm, judge, outputs, started, planned_s)
+    console.print(f"qa-eval: {len(planned.questions)} questions scored -> {out / 'qa.md'}", highlight=False)
+    return summary
+
+
+def _answer_and_score(cfg: QAEvalConfig, planned: Plan, llm: LLMConfig, judge: LLMConfig | None, outputs: OutputSet,
+                      started: float, planned_s: float) -> dict[str, Any]:
+    """Answers and verdicts (resumable, under OUT/.work), their scores; every output into the output set."""
+    out, rows = outputs.out, planned.rows
     chunk_rows = cfg.chunk_questions * len(cfg.conditions)
     t0 = time.perf_counter()
     answered, answer_chunks = run_llm_chunks(rows, ["question", "memory"], llm, "answer", out, chunk_rows,
@@ -243,9 +260,9 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
     generation_s = time.perf_counter() - t0
 
     answers = answers_table(cfg, planned, answered, judged)
-    with atomic_path(out / "answers.parquet") as tmp:
+    with atomic_path(outputs.path("answers.parquet")) as tmp:
         pq.write_table(answers, tmp)
-    with JsonlSink(out / "rejects.jsonl") as sink:
+    with JsonlSink(outputs.path("rejects.jsonl")) as sink:
         ledger = Ledger(sink)
         ledger.account(answered.select(["row_id", "error", "raw"]).to_pylist(), "answer", str(out / "answers.parquet"))
         ledger.account(list((judged or {}).values()), "verdict", str(out / "answers.parquet"))
@@ -298,9 +315,8 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
                     "figure": str(out / "qa.png") if cfg.figures else None},
     }
     if cfg.figures:
-        write_figure(summary, out / "qa.png")
-    write_summary(out, "qa", summary, render_markdown(summary))
-    console.print(f"qa-eval: {len(questions)} questions scored -> {out / 'qa.md'}", highlight=False)
+        write_figure(summary, outputs.path("qa.png"))
+    write_summary(outputs.staging, "qa", summary, render_markdown(summary))
     return summary
 
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from memprune.config import ConfigModel
 from memprune.synth.vocabulary import ONEOFF_ITEMS
 
 
-class SynthSettings(BaseModel):
+class SynthSettings(ConfigModel):
     """What to generate (the pipeline's synthetic `corpus:` section too). Same settings, byte-identical files."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     conversations: int = Field(100, description="number of conversations")
     sessions: int = Field(4, description="sessions per conversation")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprune.io import TableSink, write_json
+from memprune.io import OutputSet, TableSink, write_json
 from memprune.schema import SESSIONS, SYNTH_BULLETS
 from memprune.synth.config import SynthConfig, SynthSettings
 from memprune.synth.generator import (
@@ -116,8 +116,6 @@ class _BulletBatch:
 
 def run(config: SynthConfig) -> dict[str, Any]:
     """Generate the corpus of `config` into `config.out`; return the summary written to synth.json."""
-    out = config.out
-    out.mkdir(parents=True, exist_ok=True)
     counts: dict[str, Any] = {"conversations": 0, "sessions": 0, "turns": 0, "bullets": 0, "recurs": 0}
     by_kind: dict[str, int] = {}
     iterator: Any = range(config.conversations)
@@ -127,44 +125,44 @@ def run(config: SynthConfig) -> dict[str, Any]:
         iterator = tqdm(iterator, desc="synth", unit="conv")
     settings = SynthSettings.model_validate(config.model_dump(include=set(SynthSettings.model_fields)))
     session_rows = config.batch_rows // 10
-    with TableSink(out / "sessions.parquet", SESSIONS) as s_sink, TableSink(
-        out / "bullets.parquet", SYNTH_BULLETS
-    ) as b_sink:
-        s_batch, b_batch = _SessionBatch(), _BulletBatch()
-        for i in iterator:
-            conv = synth_conversation(i, settings)
-            counts["turns"] += s_batch.add(conv)
-            b_batch.add(conv)
-            for b in conv.bullets:
-                counts["recurs"] += b.recurs
-                by_kind[b.kind] = by_kind.get(b.kind, 0) + 1
-            counts["conversations"] += 1
-            counts["sessions"] += len(conv.sessions)
-            counts["bullets"] += len(conv.bullets)
-            if len(s_batch) >= session_rows:
+    with OutputSet(config.out, "synth") as outputs:
+        with TableSink(outputs.path("sessions.parquet"), SESSIONS) as s_sink, \
+                TableSink(outputs.path("bullets.parquet"), SYNTH_BULLETS) as b_sink:
+            s_batch, b_batch = _SessionBatch(), _BulletBatch()
+            for i in iterator:
+                conv = synth_conversation(i, settings)
+                counts["turns"] += s_batch.add(conv)
+                b_batch.add(conv)
+                for b in conv.bullets:
+                    counts["recurs"] += b.recurs
+                    by_kind[b.kind] = by_kind.get(b.kind, 0) + 1
+                counts["conversations"] += 1
+                counts["sessions"] += len(conv.sessions)
+                counts["bullets"] += len(conv.bullets)
+                if len(s_batch) >= session_rows:
+                    s_sink.write_table(s_batch.table())
+                    s_batch = _SessionBatch()
+                if len(b_batch) >= config.batch_rows:
+                    b_sink.write_table(b_batch.table())
+                    b_batch = _BulletBatch()
+            if len(s_batch):
                 s_sink.write_table(s_batch.table())
-                s_batch = _SessionBatch()
-            if len(b_batch) >= config.batch_rows:
+            if len(b_batch):
                 b_sink.write_table(b_batch.table())
-                b_batch = _BulletBatch()
-        if len(s_batch):
-            s_sink.write_table(s_batch.table())
-        if len(b_batch):
-            b_sink.write_table(b_batch.table())
-    counts["bullets_by_kind"] = dict(sorted(by_kind.items()))
-    summary = {
-        "generator": f"memprune.synth v{GENERATOR_VERSION}",
-        "seed": config.seed,
-        "config": settings.model_dump(mode="json"),
-        "counts": counts,
-        "files": {"sessions": "sessions.parquet", "bullets": "bullets.parquet"},
-        "recurs_definition": (
-            "true iff the bullet's fact is stated again by the same speaker, with the same key entity words, "
-            "in a later session of the same conversation; always false in the final session, for one-offs "
-            "and for stray facts"
-        ),
-    }
-    write_json(out / "synth.json", summary)
+        counts["bullets_by_kind"] = dict(sorted(by_kind.items()))
+        summary = {
+            "generator": f"memprune.synth v{GENERATOR_VERSION}",
+            "seed": config.seed,
+            "config": settings.model_dump(mode="json"),
+            "counts": counts,
+            "files": {"sessions": "sessions.parquet", "bullets": "bullets.parquet"},
+            "recurs_definition": (
+                "true iff the bullet's fact is stated again by the same speaker, with the same key entity words, "
+                "in a later session of the same conversation; always false in the final session, for one-offs "
+                "and for stray facts"
+            ),
+        }
+        write_json(outputs.path("synth.json"), summary)
     return summary
 
 

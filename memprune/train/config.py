@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.scorer import (
     DEFAULT_ENCODER,
@@ -31,10 +32,8 @@ class TrainError(MemPruneError):
     """The training inputs or settings cannot be used; the message names the file or key."""
 
 
-class OptimConfig(BaseModel):
+class OptimConfig(ConfigModel):
     """Optimisation of one trained stage: AdamW, epochs with early stopping on validation loss."""
-
-    model_config = ConfigDict(extra="forbid")
 
     epochs: int = Field(ge=1)
     lr: float = Field(gt=0)
@@ -50,19 +49,15 @@ class Stage2Config(OptimConfig):
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
 
-class LossConfig(BaseModel):
+class LossConfig(ConfigModel):
     """MSE plus an optional within-session listwise ranking term (off by default)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     rank_weight: float = Field(0.0, ge=0)
     rank_temperature: float = Field(0.1, gt=0, description="softmax temperature applied to the labels")
 
 
-class RayTrainSettings(BaseModel):
+class RayTrainSettings(ConfigModel):
     """How the trainers run: workers per trainer (0 = local mode, in-process), GPUs, fault tolerance."""
-
-    model_config = ConfigDict(extra="forbid")
 
     address: str | None = Field(None, description="ray.init address; None = RAY_ADDRESS or a local instance")
     num_workers: int = Field(1, ge=0)
@@ -74,10 +69,8 @@ class RayTrainSettings(BaseModel):
     storage_path: str | None = Field(None, description="Ray Train storage (shared on clusters); default OUT/ray")
 
 
-class EmbedSettings(BaseModel):
+class EmbedSettings(ConfigModel):
     """Ray Data batch inference of the frozen-encoder embeddings."""
-
-    model_config = ConfigDict(extra="forbid")
 
     batch_size: int = Field(128, ge=1)
     actors: int | None = Field(None, ge=1, description="actor pool size; None = one per GPU, else one per CPU")
@@ -85,10 +78,8 @@ class EmbedSettings(BaseModel):
     use_gpu: bool | Literal["auto"] = "auto"
 
 
-class FaultInjection(BaseModel):
+class FaultInjection(ConfigModel):
     """Testing aid: SIGKILL the rank-0 worker once, mid-epoch, to exercise FailureConfig resume."""
-
-    model_config = ConfigDict(extra="forbid")
 
     stage: Literal["stage1", "stage2"] = "stage1"
     seed: int | None = Field(None, description="only this seed's trainer (None: whichever gets there first)")
@@ -96,10 +87,8 @@ class FaultInjection(BaseModel):
     marker: str = Field(description="file created before the kill; the kill happens only if it is absent")
 
 
-class TrainSettings(BaseModel):
+class TrainSettings(ConfigModel):
     """Every option of `memprune train` except the paths (the pipeline's `train:` section)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     label_weights: dict[str, float] = Field(
         default_factory=dict, description="loss weight per label source (judge, qa, usage); 1 when not given")

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
 
+from memprune.config import ConfigModel
 from memprune.scorer import ScorerConfig
 from memprune.train import checkpoint
 from memprune.train.checkpoint import LoopState
@@ -32,10 +32,8 @@ from memprune.train.loss import batch_loss, combine_parts
 from memprune.train.stages import STAGE_SPECS
 
 
-class LoopConfig(BaseModel):
+class LoopConfig(ConfigModel):
     """What one training worker needs; passed as `train_loop_config` (plain JSON)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     stage: str
     seed: int

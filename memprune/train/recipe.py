@@ -18,9 +18,10 @@ import numpy as np
 import pyarrow.compute as pc
 from rich.console import Console
 
-from memprune.io import JsonlSink, read_table, write_json, write_table, write_text
+from memprune.encoders import check_encoder
+from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_json, write_table, write_text
 from memprune.rejects import Ledger
-from memprune.runtime import ensure_ray, use_gpu
+from memprune.runtime import check_resources, ensure_ray, use_gpu
 from memprune.train.config import STAGES, TrainConfig
 from memprune.train.data import data_fingerprint, load_labels, prepare_data
 from memprune.train.embed import compute_embeddings, embedding_column
@@ -32,14 +33,20 @@ from memprune.train.trainer import Inputs, artifact_dir, run_stage
 console = Console(stderr=True)
 
 
-def _prepare(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path
+def _prepare(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path, outputs: OutputSet
              ) -> tuple[Inputs, Ledger, dict[str, Any] | None]:
-    """Labelled, split tables (with embeddings when a stage needs them), the label ledger, the embedding facts."""
-    with JsonlSink(cfg.out / "rejects.jsonl") as rejects:
+    """Labelled, split tables (with embeddings when a stage needs them), the label ledger, the embedding facts.
+
+    The inputs are read and the cluster checked before anything is computed, so a bad path, table or
+    setting fails in seconds, not after Ray has started workers.
+    """
+    with JsonlSink(outputs.path("rejects.jsonl")) as rejects:
         ledger = Ledger(rejects)
         table, counts = prepare_data(cfg, ledger, assignment)
+    ensure_ray(cfg.ray.address)
+    check_resources(_requests(cfg))
     write_table(table.group_by(["conversation_id", "split"]).aggregate([]).sort_by("conversation_id"),
-                cfg.out / "splits.parquet")
+                outputs.path("splits.parquet"))
     if counts["bullets_per_split"]["test"] == 0:
         console.print("[yellow]warning:[/] the test split is empty", highlight=False)
     embed_info: dict[str, Any] | None = None
@@ -101,12 +108,30 @@ def _run_seed_chains(cfg: TrainConfig, inputs: Inputs, chain: list[str]) -> list
     return runs
 
 
+def _requests(cfg: TrainConfig) -> dict[str, dict[str, float]]:
+    """What one Ray Train worker and one embedding actor need, by the config key that sets it."""
+    requests: dict[str, dict[str, float]] = {"embed.cpus_per_actor": {"CPU": cfg.embed.cpus_per_actor}}
+    if cfg.embed.use_gpu is True:
+        requests["embed.use_gpu"] = {"GPU": 1}
+    if cfg.ray.num_workers > 0:
+        requests["ray.cpus_per_worker"] = {"CPU": cfg.ray.cpus_per_worker}
+        if cfg.ray.use_gpu is True:
+            requests["ray.use_gpu"] = {"GPU": 1}
+    return requests
+
+
 def _train_split(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path) -> dict[str, Any]:
     """Every requested (stage, seed) on one split; writes OUT/<stage>/seed<k>/, OUT/run.json and OUT/train.md."""
+    check_out(cfg.out, "train")
+    check_encoder(cfg.encoder)
+    with OutputSet(cfg.out, "train") as outputs:
+        return _train_split_into(cfg, assignment, cache_dir, outputs)
+
+
+def _train_split_into(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path,
+                      outputs: OutputSet) -> dict[str, Any]:
     started = time.perf_counter()
-    ensure_ray(cfg.ray.address)
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    inputs, ledger, embed_info = _prepare(cfg, assignment, cache_dir)
+    inputs, ledger, embed_info = _prepare(cfg, assignment, cache_dir, outputs)
     runs: list[dict[str, Any]] = []
     for seed in cfg.seeds:
         for stage in (s for s in cfg.stages if not STAGE_SPECS[s].trained):
@@ -134,8 +159,8 @@ def _train_split(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir:
         "wall_s": round(time.perf_counter() - started, 3),
         "config": cfg.model_dump(mode="json"),
     }
-    write_json(cfg.out / "run.json", summary)
-    write_text(cfg.out / "train.md", render_report(summary))
+    write_json(outputs.path("run.json"), summary)
+    write_text(outputs.path("train.md"), render_report(summary))
     return summary
 
 
@@ -155,12 +180,18 @@ def _run_folds(cfg: TrainConfig) -> dict[str, Any]:
     pools the K test splits into one out-of-fold prediction set. Embeddings are cached once
     in OUT/cache and shared by the folds; finished (stage, seed) runs are reused on a rerun.
     """
-    started = time.perf_counter()
     k = int(cfg.folds or 0)
+    check_out(cfg.out, "train")
+    check_encoder(cfg.encoder)
+    with OutputSet(cfg.out, "train") as outputs:
+        return _run_folds_into(cfg, k, outputs)
+
+
+def _run_folds_into(cfg: TrainConfig, k: int, outputs: OutputSet) -> dict[str, Any]:
+    started = time.perf_counter()
     out = cfg.out
-    out.mkdir(parents=True, exist_ok=True)
     bullets = read_table(cfg.data / "bullets.parquet", "bullets").select(["bullet_id", "conversation_id"])
-    with JsonlSink(out / "rejects.jsonl") as rejects:
+    with JsonlSink(outputs.path("rejects.jsonl")) as rejects:
         ledger = Ledger(rejects)
         labels, label_counts = load_labels(cfg, set(bullets.column("bullet_id").to_pylist()), ledger)
     labelled = bullets.join(labels.select(["bullet_id"]), "bullet_id", join_type="inner")
@@ -197,8 +228,8 @@ def _run_folds(cfg: TrainConfig) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - started, 3),
         "config": cfg.model_dump(mode="json"),
     }
-    write_json(out / "run.json", result)
-    write_text(out / "train.md", render_fold_report(result))
+    write_json(outputs.path("run.json"), result)
+    write_text(outputs.path("train.md"), render_fold_report(result))
     return result
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
 
+from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 
 SPLITS = ("train", "valid", "test")
@@ -26,10 +27,8 @@ class SplitError(MemPruneError):
     """The split sizes cannot be met by the corpus."""
 
 
-class SplitConfig(BaseModel):
+class SplitConfig(ConfigModel):
     """Split sizes (fraction if float, count if int; `train: null` = the rest) and the split seed."""
-
-    model_config = ConfigDict(extra="forbid")
 
     train: float | int | None = None
     valid: float | int = 0.1

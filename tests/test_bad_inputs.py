@@ -1,0 +1,280 @@
+"""Every command over bad inputs: exit 2, exactly one stderr line naming the problem, no traceback,
+and the output directory exactly as it was (created by nothing, changed by nothing).
+
+The cases are the classes of a hostile new user's inputs: missing, empty, wrong-type and unreadable
+files; a table that is a directory; half-written outputs; values that mean nothing (NaN, out of
+range); unknown keys and options; broken scorer artifacts; resources the cluster does not have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from memprune.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[str, Path]:
+    """Valid inputs to break: a corpus, labels, a scorer artifact, a run with predictions, an LLM config."""
+    from memprune.label import LabelConfig, run as label
+    from memprune.scorer import Scorer, ScorerConfig
+    from memprune.synth import generate
+
+    root = tmp_path_factory.mktemp("world")
+    generate(root / "corpus", conversations=3, sessions=2, seed=1)
+    label(LabelConfig(data=root / "corpus", out=root / "labels", judge="similarity", progress=False))
+    Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0}), seed=0).save(root / "scorer")
+    run = root / "run" / "vanilla" / "seed0"
+    run.mkdir(parents=True)
+    pq.write_table(pa.table({"bullet_id": ["a:s0:b0", "a:s0:b1"], "conversation_id": ["a", "a"],
+                             "session_index": pa.array([0, 0], pa.int32()), "split": ["test", "test"],
+                             "label": [0.2, 0.8], "score": [0.3, 0.6]}), run / "predictions.parquet")
+    (root / "llm.yaml").write_text("engine: hf\nmodel: /nonexistent-model\naccelerator: cpu\n")
+    (root / "a-file").write_text("not a directory")
+    (root / "empty-dir").mkdir()
+    return {"root": root}
+
+
+def _table_variants(root: Path) -> dict[str, Path]:
+    """Corpus dirs whose bullets/sessions tables are broken in one way each."""
+    src = root / "corpus"
+    out: dict[str, Path] = {}
+
+    def variant(name: str, edit: Callable[[Path], None]) -> None:
+        d = root / "variants" / name
+        if not d.exists():
+            shutil.copytree(src, d)
+            (d / ".memprune.json").unlink()  # edited by hand: the user's own data, not a synth output any more
+            edit(d)
+        out[name] = d
+
+    variant("empty-bullets", lambda d: (d / "bullets.parquet").write_bytes(b""))
+    variant("text-bullets", lambda d: (d / "bullets.parquet").write_text("bullet_id,text\nx,y\n"))
+    variant("no-text", lambda d: pq.write_table(pq.read_table(d / "bullets.parquet").drop_columns(["text"]),
+                                                d / "bullets.parquet"))
+    variant("string-index", lambda d: pq.write_table(
+        pq.read_table(d / "bullets.parquet").set_column(2, "session_index",
+                                                        pa.array(["x"] * pq.read_metadata(d / "bullets.parquet").num_rows)),
+        d / "bullets.parquet"))
+    variant("dup-ids", lambda d: pq.write_table(pa.concat_tables([pq.read_table(d / "bullets.parquet")] * 2),
+                                                d / "bullets.parquet"))
+
+    def as_dir(d: Path) -> None:
+        (d / "sessions.parquet").unlink()
+        (d / "sessions.parquet").mkdir()
+
+    variant("sessions-dir", as_dir)
+
+    def half_written(d: Path) -> None:
+        (d / ".memprune.json").write_text(json.dumps({"step": "synth", "state": "committing", "files": []}))
+
+    variant("half-written", half_written)
+
+    def changed(d: Path) -> None:  # a synth output whose bullets another tool rewrote
+        shutil.copy(src / ".memprune.json", d / ".memprune.json")
+        pq.write_table(pq.read_table(d / "bullets.parquet").slice(0, 5), d / "bullets.parquet")
+
+    variant("changed", changed)
+
+    def null_evidence(d: Path) -> None:
+        t = pq.read_table(d / "bullets.parquet")
+        ev = t.column("evidence").to_pylist()
+        ev[0] = [None]
+        t = t.set_column(5, pa.field("evidence", pa.list_(pa.string())), pa.array(ev, pa.list_(pa.string())))
+        pq.write_table(t, d / "bullets.parquet")
+
+    variant("null-evidence", null_evidence)
+    return out
+
+
+def _scorer_variants(root: Path) -> dict[str, Path]:
+    src = root / "scorer"
+    out: dict[str, Path] = {}
+
+    def variant(name: str, edit: Callable[[Path], None]) -> None:
+        d = root / "scorers" / name
+        if not d.exists():
+            shutil.copytree(src, d)
+            edit(d)
+        out[name] = d
+
+    variant("corrupt-head", lambda d: (d / "head.safetensors").write_bytes(b"\x00garbage" * 10))
+    variant("no-head", lambda d: (d / "head.safetensors").unlink())
+    variant("bad-json", lambda d: (d / "scorer.json").write_text("{not json"))
+    variant("missing-encoder", lambda d: (d / "scorer.json").write_text(json.dumps(
+        {**json.loads((src / "scorer.json").read_text()), "encoder": "/nonexistent/encoder"})))
+    return out
+
+
+def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
+    """(id, argv, expected text in the error line, output dir that must stay unchanged)."""
+    r = w["root"]
+    t, s = _table_variants(r), _scorer_variants(r)
+    corpus, labels, scorer, run, llm, afile = (str(r / n) for n in ("corpus", "labels", "scorer", "run", "llm.yaml",
+                                                                     "a-file"))
+    o = str(r / "out")
+    prune = ["prune", "--scorer", scorer, "--input", corpus, "--out", o]
+    train = ["train", "--data", corpus, "--labels", labels, "--out", o, "--set", "ray.num_workers=0"]
+    label = ["label", "--data", corpus, "--out", o]
+    evaluate = ["evaluate", "--run", run, "--out", o]
+    dialogue = ["dialogue-eval", "--data", corpus, "--pruned", corpus, "--out", o, "--llm-config", llm]
+    return [
+        # ingest
+        ("ingest-format", ["ingest", "-f", "nope", "-i", corpus, "-o", o], "unknown format", o),
+        ("ingest-missing", ["ingest", "-f", "jsonl", "-i", str(r / "missing"), "-o", o], "no such file", o),
+        ("ingest-devnull", ["ingest", "-f", "jsonl", "-i", "/dev/null", "-o", o], "/dev/null", o),
+        ("ingest-out-file", ["ingest", "-f", "jsonl", "-i", corpus, "-o", afile], "a-file", None),
+        ("ingest-out-inside", ["ingest", "-f", "jsonl", "-i", corpus, "-o", str(r / "corpus" / "again")],
+         "inside", str(r / "corpus")),
+        ("ingest-msc-layout", ["ingest", "-f", "msc", "-i", corpus, "-o", o], "session_", o),
+        ("ingest-no-jsonl", ["ingest", "-f", "jsonl", "-i", str(r / "empty-dir"), "-o", o], "no .jsonl", o),
+        ("ingest-no-args", ["ingest"], "format", None),
+        # stats
+        ("stats-missing", ["stats", str(r / "missing")], "missing", None),
+        ("stats-not-corpus", ["stats", labels], "sessions.parquet", None),
+        ("stats-empty", ["stats", str(t["empty-bullets"])], "bullets.parquet", None),
+        ("stats-not-parquet", ["stats", str(t["text-bullets"])], "Parquet", None),
+        ("stats-no-column", ["stats", str(t["no-text"])], "'text'", None),
+        ("stats-wrong-type", ["stats", str(t["string-index"])], "session_index", None),
+        ("stats-dup-ids", ["stats", str(t["dup-ids"])], "duplicate", None),
+        ("stats-dir-table", ["stats", str(t["sessions-dir"])], "not a file", None),
+        ("stats-half-written", ["stats", str(t["half-written"])], "did not finish", None),
+        ("stats-changed", ["stats", str(t["changed"])], "changed since", None),
+        # synth
+        ("synth-sessions", ["synth", "-n", "2", "-s", "1", "-o", o], "sessions must be >= 2", o),
+        ("synth-conversations", ["synth", "-n", "0", "-o", o], "conversations", o),
+        ("synth-out-file", ["synth", "-n", "2", "-o", afile], "a-file", None),
+        ("synth-prob", ["synth", "-n", "2", "--mention-prob", "2", "-o", o], "mention_prob", o),
+        ("synth-prob-nan", ["synth", "-n", "2", "--mention-prob", "nan", "-o", o], "mention_prob", o),
+        ("synth-unknown-key", ["synth", "-n", "2", "-o", o, "--set", "colour=red"], "colour", o),
+        # summarize
+        ("summarize-no-sessions", ["summarize", "--data", labels, "--out", o, "--llm-config", llm], "sessions.parquet", o),
+        ("summarize-llm-missing", ["summarize", "--data", corpus, "--out", o, "--llm-config", str(r / "x.yaml")],
+         "x.yaml", o),
+        ("summarize-llm-not-mapping", ["summarize", "--data", corpus, "--out", o, "--llm-config", afile], "a-file", o),
+        ("summarize-out-is-data", ["summarize", "--data", corpus, "--out", corpus, "--llm-config", llm], "differ",
+         corpus),
+        ("summarize-no-llm", ["summarize", "--data", corpus, "--out", o], "llm_config", o),
+        ("summarize-no-model", ["summarize", "--data", corpus, "--out", o, "--llm-config", llm], "/nonexistent-model", o),
+        ("label-no-model", [*label, "--judge", "llm", "--llm-config", llm], "/nonexistent-model", o),
+        # label
+        ("label-missing-data", ["label", "--data", str(r / "missing"), "--out", o], "missing", o),
+        ("label-dir-table", ["label", "--data", str(t["sessions-dir"]), "--out", o], "not a file", o),
+        ("label-half-written", ["label", "--data", str(t["half-written"]), "--out", o], "did not finish", o),
+        ("label-speaker", [*label, "--speaker", "both"], "speaker", o),
+        ("label-decay", [*label, "--decay", "2"], "decay", o),
+        ("label-decay-nan", [*label, "--decay", "nan"], "decay", o),
+        ("label-horizon", [*label, "--horizon", "0"], "horizon", o),
+        ("label-llm-no-config", [*label, "--judge", "llm"], "llm_config", o),
+        ("label-usage-no-log", [*label, "--source", "usage"], "usage", o),
+        ("label-usage-missing-log", [*label, "--source", "usage", "--usage-log", str(r / "nolog.jsonl")], "nolog", o),
+        ("label-qa-no-table", [*label, "--source", "qa"], "qa.parquet", o),
+        ("label-unknown-key", [*label, "--set", "judge_temperature=1"], "judge_temperature", o),
+        ("label-out-file", ["label", "--data", corpus, "--out", afile], "a-file", None),
+        # train
+        ("train-missing-data", ["train", "--data", str(r / "missing"), "--labels", labels, "--out", o], "missing", o),
+        ("train-missing-labels", ["train", "--data", corpus, "--labels", str(r / "nolabels"), "--out", o],
+         "nolabels", o),
+        ("train-seeds", [*train, "--seeds", "a,b"], "--seeds", o),
+        ("train-stages", [*train, "--stages", "stage3"], "stages", o),
+        ("train-weight-source", [*train, "--label-weight", "gold=2"], "unknown source", o),
+        ("train-weight-form", [*train, "--label-weight", "qa"], "SOURCE=WEIGHT", o),
+        ("train-lr", [*train, "--set", "stage1.lr=-1"], "stage1.lr", o),
+        ("train-lr-inf", [*train, "--set", "stage1.lr=inf"], "stage1.lr", o),
+        ("train-folds", [*train, "--folds", "1"], "folds", o),
+        ("train-encoder", [*train, "--encoder", "/nonexistent/encoder"], "/nonexistent/encoder", o),
+        ("train-labels-table", ["train", "--data", corpus, "--labels", str(t["text-bullets"]), "--out", o],
+         "labels.parquet", o),
+        ("train-gpu", ["train", "--data", corpus, "--labels", labels, "--out", o, "--set", "ray.use_gpu=true"],
+         "ray.use_gpu", o),
+        # evaluate
+        ("eval-missing-run", ["evaluate", "--run", str(r / "missing"), "--out", o], "not found", o),
+        ("eval-no-predictions", ["evaluate", "--run", labels, "--out", o], "predictions", o),
+        ("eval-threshold-nan", [*evaluate, "--threshold", "nan"], "rule.threshold", o),
+        ("eval-threshold-2", [*evaluate, "--threshold", "2"], "rule.threshold", o),
+        ("eval-relevance-nan", [*evaluate, "--relevance-threshold", "nan"], "relevance_threshold", o),
+        ("eval-top-k", [*evaluate, "--top-k", "-1"], "--top-k", o),
+        ("eval-tokenizer", [*evaluate, "--data", corpus, "--tokenizer", str(r / "tok.json")], "tok.json", o),
+        ("eval-splits", [*evaluate, "--set", "splits=[train]"], "splits", o),
+        # prune
+        ("prune-missing-scorer", ["prune", "--scorer", str(r / "missing"), "--input", corpus, "--out", o],
+         "scorer.json", o),
+        ("prune-bad-json", ["prune", "--scorer", str(s["bad-json"]), "--input", corpus, "--out", o], "scorer.json", o),
+        ("prune-corrupt-head", ["prune", "--scorer", str(s["corrupt-head"]), "--input", corpus, "--out", o],
+         "head.safetensors", o),
+        ("prune-no-head", ["prune", "--scorer", str(s["no-head"]), "--input", corpus, "--out", o],
+         "head.safetensors", o),
+        ("prune-missing-encoder", ["prune", "--scorer", str(s["missing-encoder"]), "--input", corpus, "--out", o],
+         "/nonexistent/encoder", o),
+        ("prune-missing-input", ["prune", "--scorer", scorer, "--input", str(r / "missing"), "--out", o], "missing", o),
+        ("prune-wrong-type", ["prune", "--scorer", scorer, "--input", str(t["string-index"]), "--out", o],
+         "session_index", o),
+        ("prune-not-parquet", ["prune", "--scorer", scorer, "--input", str(t["text-bullets"]), "--out", o],
+         "Parquet", o),
+        ("prune-null-evidence", ["prune", "--scorer", scorer, "--input", str(t["null-evidence"]), "--out", o],
+         "evidence", o),
+        ("prune-dup-ids", ["prune", "--scorer", scorer, "--input", str(t["dup-ids"]), "--out", o], "duplicate", o),
+        ("prune-half-written", ["prune", "--scorer", scorer, "--input", str(t["half-written"]), "--out", o],
+         "did not finish", o),
+        ("prune-threshold", [*prune, "--threshold", "2"], "rule.threshold", o),
+        ("prune-group-by", [*prune, "--group-by", "turn"], "group_by", o),
+        ("prune-tokenizer", [*prune, "--set", f"tokenizer={r / 'tok.json'}"], "tok.json", o),
+        ("prune-out-file", ["prune", "--scorer", scorer, "--input", corpus, "--out", afile], "a-file", None),
+        ("prune-gpu", [*prune, "--set", "use_gpu=true"], "use_gpu", o),
+        # dialogue-eval
+        ("dialogue-no-data", ["dialogue-eval", "--data", labels, "--pruned", corpus, "--out", o, "--llm-config", llm],
+         "sessions.parquet", o),
+        ("dialogue-llm-missing", ["dialogue-eval", "--data", corpus, "--pruned", corpus, "--out", o, "--llm-config",
+                                  str(r / "x.yaml")], "x.yaml", o),
+        ("dialogue-conditions", [*dialogue, "--conditions", "none,bogus"], "conditions", o),
+        ("dialogue-retrieval-k", [*dialogue, "--retrieval-k", "abc"], "--retrieval-k", o),
+        ("dialogue-turns", [*dialogue, "--turns", "0"], "turns", o),
+        ("dialogue-no-pruned", ["dialogue-eval", "--data", corpus, "--out", o, "--llm-config", llm], "pruned", o),
+        # quickstart
+        ("quickstart-data", ["quickstart", "--out", o, "--data", "parquet:/x"], "FORMAT:PATH", o),
+        ("quickstart-missing", ["quickstart", "--out", o, "--data", f"msc:{r / 'missing'}"], "missing", o),
+    ]
+
+
+def _snapshot(path: str | None) -> object:
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.exists():
+        return "absent"
+    return sorted((str(f.relative_to(p)), f.stat().st_size, f.stat().st_mtime_ns) for f in p.rglob("*"))
+
+
+def test_every_command_gives_one_clear_line(world: dict[str, Path]) -> None:
+    runner = CliRunner()
+    all_cases = cases(world)
+    assert len(all_cases) >= 60
+    failures = []
+    for case_id, argv, expected, out in all_cases:
+        before = _snapshot(out)
+        result = runner.invoke(app, argv)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        problems = []
+        if result.exit_code != 2:
+            problems.append(f"exit {result.exit_code}")
+        if len(lines) != 1 or "Traceback" in result.stderr:
+            problems.append(f"{len(lines)} stderr lines")
+        elif expected not in lines[0]:
+            problems.append(f"{expected!r} not in the error")
+        if _snapshot(out) != before:
+            problems.append("the output directory changed")
+        if problems:
+            failures.append(f"{case_id}: {', '.join(problems)}: {result.stderr.strip()[:300]!r}"
+                            f"{repr(result.exception) if result.exception and result.exit_code != 2 else ''}")
+    assert not failures, f"{len(failures)} of {len(all_cases)} cases:\n" + "\n".join(failures)
