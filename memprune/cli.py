@@ -351,13 +351,8 @@ def dialogue_eval(
     """Generate next-session replies with no/all/pruned/retrieved memory and score them (BLEU, ROUGE-L, BERTScore, MAUVE)."""
     from memprune.dialogue import DialogueEvalConfig, run
 
-    k: Any = retrieval_k
-    if retrieval_k is not None and retrieval_k != "pruned":
-        try:
-            k = int(retrieval_k)
-        except ValueError:
-            fail(f"--retrieval-k must be an integer or 'pruned', got {retrieval_k!r}")
-    values = {"data": data, "pruned": pruned, "out": out, "turns": turns, "seed": seed, "retrieval_k": k,
+    values = {"data": data, "pruned": pruned, "out": out, "turns": turns, "seed": seed,
+              "retrieval_k": _retrieval_k(retrieval_k, ("pruned",)),
               "conditions": _csv(conditions), "llm_config": llm_config}
     if llm_config is not None:
         values["llm"] = NULL  # the file replaces an inline `llm` section of the YAML config
@@ -367,6 +362,50 @@ def dialogue_eval(
                          if m.get(k, {}).get("value") is not None)
         console.print(f"{c}: {vals}; {summary['cost'][c]['prompt_tokens']['mean']:.0f} prompt tokens/turn", highlight=False)
     console.print(f"{summary['targets']['paired']} paired targets with {summary['generator']} -> {summary['out']}/dialogue.md",
+                  highlight=False)
+
+
+def _retrieval_k(value: Optional[str], allowed: tuple[str, ...]) -> Any:
+    """`--retrieval-k`: an integer or one of the named sizes; anything else is a user error."""
+    if value is None or value in allowed:
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        fail(f"--retrieval-k must be an integer or one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+
+
+@app.command("qa-eval")
+def qa_eval(
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with qa.parquet, sessions.parquet and bullets.parquet."),
+    pruned: Optional[Path] = typer.Option(None, "--pruned", help="`memprune prune` output dir (pruned/ store with keep)."),
+    llm_config: Optional[Path] = typer.Option(None, "--llm-config", help="YAML file of the answering LLM (configs/llm/)."),
+    llm_set: Optional[list[str]] = LLM_SET,
+    judge_llm: Optional[Path] = typer.Option(None, "--judge-llm", help="YAML file of the judge LLM (CORRECT/WRONG verdicts)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: qa.json, qa.md, qa.png, answers.parquet."),
+    conditions: Optional[str] = typer.Option(None, "--conditions", help="Comma list of none,all,pruned,retrieval,dialogue (default all five)."),
+    retrieval_k: Optional[str] = typer.Option(None, "--retrieval-k", help="Bullets retrieved per question, 'pruned' or 'pruned_tokens' (default)."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Answer the corpus's questions with no/all/pruned/retrieved memory or the raw dialogue; accuracy against memory tokens."""
+    from memprune.qa import QAEvalConfig, run
+
+    values = {"data": data, "pruned": pruned, "out": out, "conditions": _csv(conditions), "llm_config": llm_config,
+              "judge_llm_config": judge_llm, "retrieval_k": _retrieval_k(retrieval_k, ("pruned", "pruned_tokens"))}
+    if llm_config is not None:
+        values["llm"] = NULL  # the file replaces an inline `llm` section of the YAML config
+    if judge_llm is not None:
+        values["judge_llm"] = NULL
+    _, summary = run_stage(QAEvalConfig, run, config, set_, values, llm_set)
+    group = "answerable" if summary["groups"].get("answerable") else "overall"
+    for c, m in summary["metrics"][group].items():
+        judge = f", J {m['judge']['value']:.3f}" if m.get("judge") else ""
+        console.print(f"{c}: F1 {m['f1']['value']:.3f}, BLEU-1 {m['bleu1']['value']:.3f}{judge}; "
+                      f"{m['memory_tokens']['mean']:.0f} memory tokens/question (p95 {m['memory_tokens']['p95']:.0f})",
+                      highlight=False)
+    q = summary["questions"]
+    console.print(f"{q['evaluated']} questions ({group} shown) with {summary['generator']} -> {summary['out']}/qa.md",
                   highlight=False)
 
 

@@ -8,6 +8,7 @@ Conservation is then a plain equation per kind: seen == written + rejected.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,6 +86,16 @@ class Ledger:
             reject = Reject(_printable(source), _printable(record), _printable(field), kind, _printable(reason),
                             _short(value))
             self.sink.write(asdict(reject))
+
+    def account(self, rows: Iterable[Mapping[str, Any]], kind: str, source: str, id_key: str = "row_id") -> None:
+        """Count LLM output rows of `kind`: written when `error` is empty, else rejected with the raw model text."""
+        for row in rows:
+            self.saw(kind)
+            if row.get("error"):
+                self.reject(source=source, record=str(row[id_key]), field=kind, kind=kind, reason=row["error"],
+                            value=row.get("raw"))
+            else:
+                self.wrote(kind)
 
     def imbalance(self) -> dict[str, dict[str, int]]:
         """Kinds whose seen count differs from written + rejected (empty when conservation holds)."""

@@ -30,6 +30,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import memprune.evaluate
     import memprune.label
     import memprune.prune
+    import memprune.qa
     import memprune.summarize
     import memprune.train
 
@@ -39,8 +40,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         got["cfg"] = cfg
         raise Captured("captured")
 
-    for module in (memprune.dialogue, memprune.evaluate, memprune.label, memprune.prune, memprune.summarize,
-                   memprune.train):
+    for module in (memprune.dialogue, memprune.evaluate, memprune.label, memprune.prune, memprune.qa,
+                   memprune.summarize, memprune.train):
         monkeypatch.setattr(module, "run", stub)
     return got
 
@@ -61,10 +62,14 @@ def _commands(d: Path, llm: Path) -> dict[str, tuple[list[str], dict[str, Path]]
         "dialogue-eval": (["dialogue-eval", "--data", str(d / "data"), "--pruned", str(d / "pruned"), "--out",
                            str(d / "out"), "--llm-config", str(llm)],
                           {"data": d / "data", "pruned": d / "pruned", "out": d / "out", "llm_config": llm}),
+        "qa-eval": (["qa-eval", "--data", str(d / "data"), "--pruned", str(d / "pruned"), "--out", str(d / "out"),
+                     "--llm-config", str(llm), "--judge-llm", str(llm)],
+                    {"data": d / "data", "pruned": d / "pruned", "out": d / "out", "llm_config": llm,
+                     "judge_llm_config": llm}),
     }
 
 
-@pytest.mark.parametrize("command", ["summarize", "label", "train", "evaluate", "prune", "dialogue-eval"])
+@pytest.mark.parametrize("command", ["summarize", "label", "train", "evaluate", "prune", "dialogue-eval", "qa-eval"])
 @pytest.mark.parametrize("name", ODD_NAMES)
 def test_odd_path_names_reach_the_config_as_paths(tmp_path: Path, captured: dict[str, Any], command: str,
                                                   name: str) -> None:

@@ -180,13 +180,14 @@ def test_every_shipped_config_loads(monkeypatch) -> None:
     from memprune.llm import LLMConfig
     from memprune.pipeline import PipelineConfig
     from memprune.prune import PruneConfig
+    from memprune.qa import QAEvalConfig
     from memprune.summarize import SummarizeConfig
     from memprune.train import TrainConfig
 
     monkeypatch.chdir(REPO)
     models = {"dialogue-eval": DialogueEvalConfig, "evaluate": EvalConfig, "ingest": IngestConfig,
-              "label": LabelConfig, "pipeline": PipelineConfig, "prune": PruneConfig, "summarize": SummarizeConfig,
-              "train": TrainConfig}
+              "label": LabelConfig, "pipeline": PipelineConfig, "prune": PruneConfig, "qa-eval": QAEvalConfig,
+              "summarize": SummarizeConfig, "train": TrainConfig}
     files = sorted((REPO / "configs").rglob("*.yaml"))
     assert len(files) >= 15
     for path in files:
@@ -196,6 +197,8 @@ def test_every_shipped_config_loads(monkeypatch) -> None:
         model = next(m for prefix, m in models.items() if path.stem.startswith(prefix))
         cfg = load_config(path, [], model)
         if isinstance(cfg, LabelConfig) and cfg.judge == "llm":
+            cfg.llm_settings()
+        if isinstance(cfg, QAEvalConfig):
             cfg.llm_settings()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -41,16 +41,53 @@ class MauveSettings(ConfigModel):
                                                 "each resample reclusters, seconds each).")
 
 
-class DialogueEvalConfig(ConfigModel):
-    """Config of the dialogue evaluation (`jobs/dialogue_eval.py`, `memprune dialogue-eval`)."""
+class MemoryEvalConfig(ConfigModel):
+    """The settings every evaluation of memory conditions with an LLM shares (dialogue-eval, qa-eval): the pruned
+    store, the output, the LLM, the encoder's batching, the bootstrap and the Ray Data blocks. A subclass sets
+    `CONDITIONS` and defines `data`, `conditions` and its own fields."""
 
-    data: str = Field(..., description="Corpus directory with sessions.parquet and bullets.parquet.")
+    CONDITIONS: ClassVar[tuple[str, ...]] = ()
+
     pruned: str | None = Field(None, description="Pruned store: a `memprune prune` output dir, its pruned/ dir, "
                                                  "or a Parquet file with bullet_id and keep.")
     out: str = Field(..., description="Output directory.")
     llm_config: str | None = Field(None, description="YAML file of the generator's LLM config.")
     llm: dict[str, Any] | None = Field(None, description="Inline LLM config fields (instead of llm_config).")
     llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the LLM config.")
+    encoder_max_length: int = Field(256, ge=8)
+    encoder_batch_size: int = Field(64, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the encoders on the driver.")
+    pruned_missing: Literal["error", "drop"] = Field(
+        "error", description="A memory bullet absent from the pruned store: error, or count it as not kept.")
+    bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
+    block_rows: int = Field(16, ge=1, description="Rows per Ray Data block (spreads work over engine replicas).")
+    progress: bool = True
+
+    @field_validator("conditions", check_fields=False)
+    @classmethod
+    def _conditions(cls, value: list[str]) -> list[str]:
+        bad = [c for c in value if c not in cls.CONDITIONS]
+        if bad or not value or len(set(value)) != len(value):
+            raise ValueError(f"conditions must be distinct values among {list(cls.CONDITIONS)}, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_llm(self) -> "MemoryEvalConfig":
+        if (self.llm is None) == (self.llm_config is None):
+            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
+        return self
+
+    def llm_settings(self) -> LLMConfig:
+        """The generator's LLM config from the file or the inline section, with overrides applied."""
+        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
+
+
+class DialogueEvalConfig(MemoryEvalConfig):
+    """Config of the dialogue evaluation (`jobs/dialogue_eval.py`, `memprune dialogue-eval`)."""
+
+    CONDITIONS: ClassVar[tuple[str, ...]] = CONDITIONS
+
+    data: str = Field(..., description="Corpus directory with sessions.parquet and bullets.parquet.")
     conditions: list[str] = Field(default_factory=lambda: list(CONDITIONS), description="Memory conditions.")
     turns: int = Field(200, ge=1, description="Target turns evaluated (sampled deterministically).")
     seed: int = Field(0, description="Sampling seed of the target turns.")
@@ -63,38 +100,16 @@ class DialogueEvalConfig(ConfigModel):
     retrieval_turns: int = Field(4, ge=0, description="Recent dialogue turns that form the retrieval query.")
     encoder: str | None = Field(None, description="Encoder for retrieval, MAUVE features and default BERTScore "
                                                   "(local dir or hub id; None = the local all-MiniLM-L6-v2).")
-    encoder_max_length: int = Field(256, ge=8)
-    encoder_batch_size: int = Field(64, ge=1)
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the encoders on the driver.")
-    pruned_missing: Literal["error", "drop"] = Field(
-        "error", description="A memory bullet absent from the pruned store: error, or count it as not kept.")
     bertscore: BertScoreSettings = Field(default_factory=BertScoreSettings)
     mauve: MauveSettings = Field(default_factory=MauveSettings)
-    bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
     chunk_targets: int = Field(256, ge=1, description="Targets per resumable generation chunk.")
-    block_rows: int = Field(16, ge=1, description="Rows per Ray Data block (spreads work over engine replicas).")
-    progress: bool = True
-
-    @field_validator("conditions")
-    @classmethod
-    def _conditions(cls, value: list[str]) -> list[str]:
-        bad = [c for c in value if c not in CONDITIONS]
-        if bad or not value or len(set(value)) != len(value):
-            raise ValueError(f"conditions must be distinct values among {list(CONDITIONS)}, got {value}")
-        return value
 
     @model_validator(mode="after")
     def _checks(self) -> "DialogueEvalConfig":
-        if (self.llm is None) == (self.llm_config is None):
-            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
         needs = "pruned" in self.conditions or ("retrieval" in self.conditions and self.retrieval_k == "pruned")
         if needs and not self.pruned:
             raise ValueError("the pruned condition (and retrieval_k: pruned) needs `pruned` (a `memprune prune` output)")
         return self
-
-    def llm_settings(self) -> LLMConfig:
-        """The generator's LLM config from the file or the inline section, with overrides applied."""
-        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
 
     def sample_settings(self) -> SampleSettings:
         return SampleSettings(turns=self.turns, seed=self.seed, min_context_turns=self.min_context_turns,

@@ -18,7 +18,7 @@ Intervals are percentile intervals.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +153,47 @@ def percentile_ci(values: np.ndarray, confidence: float) -> list[float] | None:
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(values, [alpha, 1.0 - alpha])
     return [float(lo), float(hi)]
+
+
+def with_interval(point: float | None, boot: np.ndarray | None, confidence: float) -> dict[str, Any]:
+    """`{"value": point, "ci": [lo, hi] or None}`: a point value with its bootstrap percentile interval."""
+    return {"value": point, "ci": None if boot is None or point is None else percentile_ci(boot, confidence)}
+
+
+def paired_difference(point_a: float, point_b: float, boot_a: np.ndarray | None, boot_b: np.ndarray | None,
+                      confidence: float) -> dict[str, Any]:
+    """A - B with the interval of the paired resample differences and P>0 (share of resamples where A is higher).
+
+    `boot_a` and `boot_b` must come from the same resamples (`bootstrap_indices`); without them
+    (or of different lengths) only the point difference is given.
+    """
+    delta = point_a - point_b
+    if boot_a is None or boot_b is None or len(boot_a) != len(boot_b) or not len(boot_a):
+        return {"delta": delta, "ci": None, "p_better": None}
+    d = np.asarray(boot_a, dtype=np.float64) - np.asarray(boot_b, dtype=np.float64)
+    return {"delta": delta, "ci": percentile_ci(d, confidence), "p_better": float(np.mean(d > 0))}
+
+
+def comparison_pairs(conditions: Sequence[str]) -> list[tuple[str, str]]:
+    """The paired differences reported: pruned against every other condition, and all memory against none."""
+    pairs = [("pruned", c) for c in conditions if c != "pruned" and "pruned" in conditions]
+    if "all" in conditions and "none" in conditions:
+        pairs.append(("all", "none"))
+    return pairs
+
+
+def comparisons(points: Mapping[str, Mapping[str, float | None]], boots: Mapping[str, Mapping[str, np.ndarray]],
+                conditions: Sequence[str], metrics: Sequence[str], confidence: float) -> dict[str, dict[str, Any]]:
+    """`{"A-B": {metric: paired_difference}}` for `comparison_pairs(conditions)`, metrics with both points only."""
+    out: dict[str, dict[str, Any]] = {}
+    for a, b in comparison_pairs(conditions):
+        comp: dict[str, Any] = {}
+        for m in metrics:
+            pa, pb = points[a].get(m), points[b].get(m)
+            if pa is not None and pb is not None:
+                comp[m] = paired_difference(pa, pb, boots[a].get(m), boots[b].get(m), confidence)
+        out[f"{a}-{b}"] = comp
+    return out
 
 
 def bleu_bootstrap(stats: np.ndarray, idx: np.ndarray) -> np.ndarray:

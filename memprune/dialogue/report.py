@@ -10,7 +10,8 @@ LABELS = {"none": "No memory", "all": "All memory", "retrieval": "Retrieval", "p
 METRIC_NAMES = {"bleu": "BLEU", "rouge_l": "ROUGE-L", "bertscore_f1": "BERTScore F1", "mauve": "MAUVE"}
 
 
-def _cell(entry: dict[str, Any] | None, digits: int) -> str:
+def value_cell(entry: dict[str, Any] | None, digits: int) -> str:
+    """`value [lo, hi]` of a `{value, ci}` entry, `n/a` when there is no value."""
     if not entry or entry.get("value") is None:
         return "n/a"
     text = f"{entry['value']:.{digits}f}"
@@ -20,7 +21,8 @@ def _cell(entry: dict[str, Any] | None, digits: int) -> str:
     return text
 
 
-def _delta(entry: dict[str, Any] | None, digits: int) -> str:
+def delta_cell(entry: dict[str, Any] | None, digits: int) -> str:
+    """`+delta [lo, hi] (P>0 p)` of a paired difference, `n/a` when there is none."""
     if not entry:
         return "n/a"
     text = f"{entry['delta']:+.{digits}f}"
@@ -70,13 +72,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
         pct = cost.get("prompt_tokens_vs_all_pct")
         tokens = mean("prompt_tokens") + (f" ({pct:+.0f}% vs all)" if pct is not None and c != "all" else "")
         lines.append(f"| {condition_label(c, summary)} | {mean('bullets')} | {tokens} | {mean('memory_tokens')} | "
-                     + " | ".join(_cell(m.get(k), DIGITS[k]) for k in METRICS) + f" | {errors} |")
+                     + " | ".join(value_cell(m.get(k), DIGITS[k]) for k in METRICS) + f" | {errors} |")
     if summary["comparisons"]:
         lines += ["", "Paired differences (A - B; bootstrap interval; P>0 = share of resamples where A is higher):", "",
                   "| A - B | " + " | ".join(METRIC_NAMES[k] for k in METRICS) + " |",
                   "|---|" + "---|" * len(METRICS)]
         for name, comp in summary["comparisons"].items():
-            lines.append(f"| {name} | " + " | ".join(_delta(comp.get(k), DIGITS[k]) for k in METRICS) + " |")
+            lines.append(f"| {name} | " + " | ".join(delta_cell(comp.get(k), DIGITS[k]) for k in METRICS) + " |")
     ms = summary["metric_settings"]
     lines += ["", "Metrics: " + "; ".join(f"{METRIC_NAMES[k]}: {ms[k]}" for k in METRICS if ms.get(k)) + ".",
               f"Prompt tokens: {summary['tokens']}. Errors: replies that stayed empty or unusable after retries "

@@ -3,7 +3,7 @@ intervals, paired differences, and the cost (bullets and tokens) of each memory 
 
 from __future__ import annotations
 
-import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,37 +15,38 @@ from memprune.dialogue.config import DialogueEvalConfig
 METRICS = ("bleu", "rouge_l", "bertscore_f1", "mauve")
 
 
-def _stat(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"mean": None, "median": None, "total": 0}
-    return {"mean": statistics.fmean(values), "median": float(statistics.median(values)), "total": float(sum(values))}
+def token_stats(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean, median, 95th percentile (linear interpolation) and total of per-row counts."""
+    if not len(values):
+        return {"mean": None, "median": None, "p95": None, "total": 0}
+    arr = np.asarray(values, dtype=np.float64)
+    return {"mean": float(arr.mean()), "median": float(np.median(arr)), "p95": float(np.percentile(arr, 95)),
+            "total": float(arr.sum())}
 
 
-def cost_table(gen: pa.Table, conditions: list[str]) -> dict[str, dict[str, Any]]:
-    """Per condition: memory bullets per target, prompt and memory tokens (mean, median, total), engine tokens."""
+def cost_table(gen: pa.Table, conditions: Sequence[str], unit: str = "targets", notes: str = "bullets"
+               ) -> dict[str, dict[str, Any]]:
+    """Per condition: rows (`unit`), memory notes (`notes`), prompt and memory tokens per row (mean, median, p95,
+    total), the engine's own token counts, and the change of the totals against `all` in percent."""
     rows = gen.select(["condition", "n_memory", "prompt_tokens", "memory_tokens", "tokens_in", "tokens_out"]).to_pylist()
     out: dict[str, dict[str, Any]] = {}
     for c in conditions:
         mine = [r for r in rows if r["condition"] == c]
         out[c] = {
-            "targets": len(mine),
-            "bullets": _stat([r["n_memory"] for r in mine]),
-            "prompt_tokens": _stat([r["prompt_tokens"] for r in mine]),
-            "memory_tokens": _stat([r["memory_tokens"] for r in mine]),
+            unit: len(mine),
+            notes: token_stats([r["n_memory"] for r in mine]),
+            "prompt_tokens": token_stats([r["prompt_tokens"] for r in mine]),
+            "memory_tokens": token_stats([r["memory_tokens"] for r in mine]),
             "engine_tokens_in": sum(r["tokens_in"] or 0 for r in mine),
             "engine_tokens_out": sum(r["tokens_out"] or 0 for r in mine),
         }
     if "all" in out:
         base = out["all"]
         for c, entry in out.items():
-            for key in ("prompt_tokens", "memory_tokens", "bullets"):
+            for key in ("prompt_tokens", "memory_tokens", notes):
                 b, v = base[key]["total"], entry[key]["total"]
                 entry[f"{key}_vs_all_pct"] = 100.0 * (v - b) / b if b else None
     return out
-
-
-def _value(point: float | None, boot: np.ndarray | None, confidence: float) -> dict[str, Any]:
-    return {"value": point, "ci": None if boot is None or point is None else M.percentile_ci(boot, confidence)}
 
 
 def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig, encoder: Any,
@@ -115,26 +116,9 @@ def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig,
     elif mauve_cfg.enabled:
         result["notes"].append(f"MAUVE not computed: {n} paired targets < mauve.min_samples {mauve_cfg.min_samples}")
     for c in conditions:
-        entry = {m: _value(points[c].get(m), boots[c].get(m), conf) for m in METRICS}
+        entry = {m: M.with_interval(points[c].get(m), boots[c].get(m), conf) for m in METRICS}
         entry.update(extra[c])
         entry["n"] = n
         result["per_condition"][c] = entry
-    # paired differences: pruned against every other condition, and all memory against none
-    pairs = [("pruned", c) for c in conditions if c != "pruned" and "pruned" in conditions]
-    if "all" in conditions and "none" in conditions:
-        pairs.append(("all", "none"))
-    for a, b in pairs:
-        comp: dict[str, Any] = {}
-        for m in METRICS:
-            pa_, pb = points[a].get(m), points[b].get(m)
-            if pa_ is None or pb is None:
-                continue
-            delta = pa_ - pb
-            ba, bb = boots[a].get(m), boots[b].get(m)
-            if ba is not None and bb is not None and len(ba) == len(bb) and len(ba):
-                d = ba - bb
-                comp[m] = {"delta": delta, "ci": M.percentile_ci(d, conf), "p_better": float(np.mean(d > 0))}
-            else:
-                comp[m] = {"delta": delta, "ci": None, "p_better": None}
-        result["comparisons"][f"{a}-{b}"] = comp
+    result["comparisons"] = M.comparisons(points, boots, conditions, METRICS, conf)
     return result

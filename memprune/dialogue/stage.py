@@ -14,15 +14,16 @@ against the real turns (`memprune.dialogue.metrics`) and writes into `OUT/`:
 - `dialogue.md`          the paper's Table 6 shape: one line per memory condition.
 
 Generation runs in chunks of targets, each one `run_llm` pass written atomically under
-`OUT/.work/<fingerprint>/` (the fingerprint covers the generation rows, the LLM config and the
-prompt template), so a rerun of the same command resumes and only rescoring is repeated.
+`OUT/.work/<fingerprint>/` (`memprune.llm.chunked`: the fingerprint covers the generation rows, the
+LLM config, the prompt template and the chunk size), so a rerun of the same command resumes and only
+rescoring is repeated.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +44,17 @@ from memprune.dialogue.plan import (
 from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import cost_table, score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
+from memprune.errors import MemPruneError
 from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary
-from memprune.llm import LLMConfig, outcome_summary, run_llm
+from memprune.llm import LLMConfig, outcome_summary
+from memprune.llm.chunked import results_schema, run_llm_chunks
 from memprune.llm.prompts import load_template, reply_messages
-from memprune.llm.run import COMMON_FIELDS
 from memprune.rejects import Ledger
-from memprune.runtime import ensure_ray, torch_device
-from memprune.work import WorkDir, resumable_chunks
+from memprune.runtime import torch_device
 
 DIALOGUE_FORMAT = 1
 console = Console(stderr=True)
-RESULTS = pa.schema([
-    pa.field("row_id", pa.string(), nullable=False),
-    pa.field("reply", pa.string()),
-    pa.field("parse", pa.string()),
-    *COMMON_FIELDS,
-])
+RESULTS = results_schema("reply")
 
 
 def pruned_files(path: str | Path) -> list[Path]:
@@ -110,6 +106,18 @@ def load_keep(path: str | Path) -> tuple[dict[str, bool], dict[str, Any]]:
     return keep, info
 
 
+def missing_from_store(keep: Mapping[str, bool], bullet_ids: Iterable[str], store: str, policy: str, what: str,
+                       error: type[MemPruneError] = DialogueError) -> list[str]:
+    """The memory bullets absent from the pruned store, sorted; with `policy` "error" any is an `error` naming
+    the store (`pruned_missing: drop` counts them as not kept instead)."""
+    missing = sorted({b for b in bullet_ids if b not in keep})
+    if missing and policy == "error":
+        raise error(f"{store}: {len(missing)} memory bullet(s) of {what} are not in the pruned store, e.g. "
+                    f"{missing[0]!r} (was it pruned from another bullets table? set pruned_missing: drop to count "
+                    f"them as not kept)")
+    return missing
+
+
 class TokenCounter:
     """Prompt token counts: the generator's tokenizer + chat template when the model is a local directory,
     else the encoder's tokenizer on the message contents (the report says which)."""
@@ -153,45 +161,11 @@ def count_tokens(rows: pa.Table, llm: LLMConfig, counter: TokenCounter) -> tuple
     return prompt, memory
 
 
-def _work_payload(rows: pa.Table, llm: LLMConfig) -> dict[str, Any]:
-    """What the generated replies depend on: the generation rows' inputs, the LLM config, the prompt template."""
-    sink = pa.BufferOutputStream()
-    inputs = rows.select(["row_id", "context", "memory", "target_speaker"]).combine_chunks()
-    with pa.ipc.new_stream(sink, inputs.schema) as writer:
-        writer.write_table(inputs)
-    template = load_template(llm.prompt_name("reply"), "reply")
-    return {"rows": hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest(), "llm": llm.model_dump(mode="json"),
-            "template": template.messages}
-
-
-def _generate_chunk(rows: pa.Table, llm: LLMConfig, block_rows: int) -> pa.Table:
-    """One chunk of generation rows through `run_llm(task="reply")`; returns its `RESULTS` rows."""
-    import ray
-
-    inputs = rows.select(["row_id", "context", "memory", "target_speaker"])
-    blocks = [inputs.slice(s, block_rows) for s in range(0, inputs.num_rows, block_rows)]
-    out = run_llm(ray.data.from_arrow(blocks), llm, task="reply")
-    got = []
-    for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
-        got.extend({k: r.get(k) for k in RESULTS.names} for r in batch.to_pylist())
-    want = rows.column("row_id").to_pylist()
-    if sorted(r["row_id"] for r in got) != sorted(want):
-        raise RuntimeError(f"run_llm returned {len(got)} rows for a chunk of {len(want)}; rerun to retry the chunk")
-    order = {rid: i for i, rid in enumerate(want)}
-    got.sort(key=lambda r: order[r["row_id"]])
-    return pa.Table.from_pylist(got, schema=RESULTS)
-
-
 def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path, chunk_rows: int, block_rows: int,
                      progress: bool = True) -> tuple[pa.Table, dict[str, Any]]:
     """Replies for every generation row, in row order; chunks already under OUT/.work/<fingerprint>/ are reused."""
-
-    work = WorkDir(out, _work_payload(rows, llm))
-    results, stats = resumable_chunks(rows, chunk_rows, work, lambda chunk: _generate_chunk(chunk, llm, block_rows),
-                                      RESULTS, "dialogue-eval: generation chunks", progress, setup=ensure_ray)
-    if results.column("row_id").to_pylist() != rows.column("row_id").to_pylist():
-        raise RuntimeError(f"{work.path}: the saved chunks do not match the generation rows; delete it and rerun")
-    return results, stats
+    return run_llm_chunks(rows, ["context", "memory", "target_speaker"], llm, "reply", out, chunk_rows, block_rows,
+                          "dialogue-eval: generation chunks", progress)
 
 
 def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
@@ -217,14 +191,8 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
     needs_keep = "pruned" in cfg.conditions or ("retrieval" in cfg.conditions and cfg.retrieval_k == "pruned")
     if cfg.pruned and needs_keep:
         keep, pruned_info = load_keep(cfg.pruned)
-        for t in sampled.targets:
-            missing.extend(b.bullet_id for b in memory_pool(by_session, t.conversation_id, t.session_index)
-                           if b.bullet_id not in keep)
-        missing = sorted(set(missing))
-        if missing and cfg.pruned_missing == "error":
-            raise DialogueError(f"{cfg.pruned}: {len(missing)} memory bullet(s) of the evaluated turns are not in the "
-                                f"pruned store, e.g. {missing[0]!r} (was it pruned from another bullets table? "
-                                f"set pruned_missing: drop to count them as not kept)")
+        missing = missing_from_store(keep, (b.bullet_id for t in sampled.targets for b in memory_pool(
+            by_session, t.conversation_id, t.session_index)), cfg.pruned, cfg.pruned_missing, "the evaluated turns")
         pruned_info["missing_bullets"] = len(missing)
 
     encoder_dir = resolve_encoder(cfg.encoder)
@@ -254,14 +222,8 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
             pq.write_table(gen, tmp)
 
         with JsonlSink(outputs.path("rejects.jsonl")) as sink:
-            ledger = Ledger(sink)
-            for r in gen.select(["row_id", "error", "raw"]).to_pylist():
-                ledger.saw("reply")
-                if r["error"]:
-                    ledger.reject(source=str(out / "generations.parquet"), record=r["row_id"], field="reply",
-                                  kind="reply", reason=r["error"], value=r["raw"])
-                else:
-                    ledger.wrote("reply")
+            Ledger(sink).account(gen.select(["row_id", "error", "raw"]).to_pylist(), "reply",
+                                 str(out / "generations.parquet"))
 
         t_score = time.perf_counter()
         bert = None

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from memprune.io import atomic_path, write_text
+from memprune.figures import new_figure, save_png
+from memprune.io import write_text
 from memprune.markdown import fmt, fmt_p, mean_std, stars, table
 from memprune.prune.rule import setting_name
 
@@ -181,24 +182,9 @@ def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
 # ---------------------------------------------------------------- figures
 
 
-def _save(fig: Any, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-
-
-def _new_figure(w: float, h: float) -> Any:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(w, h))
-
-
 def figure_ranking_vs_k(split: dict[str, Any], ks: Sequence[int], path: Path) -> None:
     """NDCG, Hit, Precision and Recall against k per stage, error bars = std over seeds (paper Fig. 4)."""
-    fig = _new_figure(12, 3.2)
+    fig = new_figure(12, 3.2)
     for i, family in enumerate(("ndcg", "hit", "precision", "recall")):
         ax = fig.add_subplot(1, 4, i + 1)
         for s in split["stages"]:
@@ -212,12 +198,12 @@ def figure_ranking_vs_k(split: dict[str, Any], ks: Sequence[int], path: Path) ->
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def figure_reduction(split: dict[str, Any], thresholds: Sequence[float], top_k: int | None, path: Path) -> None:
     """Bullet reduction and relevant bullets kept against the threshold, per stage, top-k capped and not."""
-    fig = _new_figure(10, 3.6)
+    fig = new_figure(10, 3.6)
     axes = [fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)]
     caps = [top_k, None] if top_k is not None else [None]
     colors = {}
@@ -238,13 +224,13 @@ def figure_reduction(split: dict[str, Any], thresholds: Sequence[float], top_k: 
         ax.set_xlabel("threshold")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def figure_histograms(split: dict[str, Any], path: Path) -> None:
     """Predicted-score histogram per stage (pooled over seeds), beside the label histogram."""
     stages = split["stages"]
-    fig = _new_figure(3.2 * (len(stages) + 1), 3.0)
+    fig = new_figure(3.2 * (len(stages) + 1), 3.0)
     panels = [(stage_label(s), split["aggregate"][s]["score_histogram"]) for s in stages]
     panels.append(("labels", split["label_histogram"]))
     for i, (title, h) in enumerate(panels):
@@ -255,12 +241,12 @@ def figure_histograms(split: dict[str, Any], path: Path) -> None:
         ax.set_title(title if title == "labels" else f"{title} scores")
         ax.set_xlim(0, 1)
         ax.set_xlabel("value")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def figure_calibration(split: dict[str, Any], path: Path) -> None:
     """Mean label per predicted-score bin, per stage, against the diagonal of perfect calibration."""
-    fig = _new_figure(4.5, 4.2)
+    fig = new_figure(4.5, 4.2)
     ax = fig.add_subplot(1, 1, 1)
     ax.plot([0, 1], [0, 1], ":", color="gray", label="perfect")
     for s in split["stages"]:
@@ -272,7 +258,7 @@ def figure_calibration(split: dict[str, Any], path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def _nan(v: Any, default: float = math.nan) -> float:

@@ -1,7 +1,7 @@
 """The LLM backends: one config and one entry point for three engines (vllm, http, hf).
 
     config = LLMConfig.from_yaml("configs/llm/vllm-gpu.yaml", ["sampling.max_tokens=32"])
-    out = run_llm(ds, config, task="judge")   # or task="summarize" / "reply"
+    out = run_llm(ds, config, task="judge")   # or "summarize" / "reply" / "answer" / "qa_judge"
 
 `run_llm` builds the prompts from the versioned templates in `memprune/prompts`, runs the
 configured engine on Ray Data, parses the outputs strictly (JSON schema) with a lenient
@@ -15,9 +15,13 @@ from memprune.llm.config import DEFAULT_MAX_TOKENS, LLMConfig, Sampling
 from memprune.llm.engines import LLMError
 from memprune.llm.parsing import (
     JUDGE_SCHEMA,
+    QA_JUDGE_SCHEMA,
     SUMMARY_SCHEMA,
+    VERDICTS,
     Parsed,
+    parse_answer,
     parse_judge,
+    parse_qa_judge,
     parse_reply,
     parse_summary,
 )
@@ -31,12 +35,16 @@ __all__ = [
     "LLMError",
     "Parsed",
     "PromptError",
+    "QA_JUDGE_SCHEMA",
     "SUMMARY_SCHEMA",
+    "VERDICTS",
     "Sampling",
     "load_template",
     "outcome_summary",
     "output_fields",
+    "parse_answer",
     "parse_judge",
+    "parse_qa_judge",
     "parse_reply",
     "parse_summary",
     "run_llm",

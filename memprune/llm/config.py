@@ -17,11 +17,12 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, read_yaml, validate
 
 Engine = Literal["vllm", "http", "hf"]
-Task = Literal["judge", "summarize", "reply"]
+Task = Literal["judge", "summarize", "reply", "answer", "qa_judge"]
 
 # max_tokens per task when `sampling.max_tokens` is not set: a judge answer is one small
-# JSON object, a session summary is a list of bullets, a reply is one dialogue utterance.
-DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96}
+# JSON object, a session summary is a list of bullets, a reply is one dialogue utterance,
+# an answer is a short phrase, a QA verdict is one small JSON object.
+DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96, "answer": 64, "qa_judge": 24}
 
 
 class Sampling(ConfigModel):
@@ -79,6 +80,8 @@ class LLMConfig(ConfigModel):
     judge_prompt: str = Field("judge_v1", description="Prompt template name in memprune/prompts or a file path.")
     summarize_prompt: str = Field("summarize_v1", description="Prompt template name in memprune/prompts or a file path.")
     reply_prompt: str = Field("reply_v1", description="Prompt template name in memprune/prompts or a file path.")
+    answer_prompt: str = Field("answer_v1", description="qa-eval answers: prompt template name or a file path.")
+    qa_judge_prompt: str = Field("qa_judge_v1", description="qa-eval CORRECT/WRONG verdicts: template name or path.")
     max_bullets: int = Field(10, ge=1, description="summarize: at most this many bullets per session.")
 
     # --- Ray placement (vllm, hf; http uses concurrency for request workers)
@@ -175,7 +178,8 @@ class LLMConfig(ConfigModel):
 
     def prompt_name(self, task: Task) -> str:
         """The prompt template used for `task`."""
-        return {"judge": self.judge_prompt, "summarize": self.summarize_prompt, "reply": self.reply_prompt}[task]
+        return {"judge": self.judge_prompt, "summarize": self.summarize_prompt, "reply": self.reply_prompt,
+                "answer": self.answer_prompt, "qa_judge": self.qa_judge_prompt}[task]
 
     def describe(self, task: Task) -> str:
         """A short id of engine, model and prompt, e.g. `vllm:Qwen2.5-7B-Instruct:judge_v1`."""

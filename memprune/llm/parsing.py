@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +42,16 @@ SUMMARY_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-# JSON schema per task; a task without one (reply: free text) is never constrained.
-SCHEMAS: dict[str, dict[str, Any]] = {"judge": JUDGE_SCHEMA, "summarize": SUMMARY_SCHEMA}
+VERDICTS = ("CORRECT", "WRONG")
+QA_JUDGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"verdict": {"type": "string", "enum": list(VERDICTS)}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+
+# JSON schema per task; a task without one (reply, answer: free text) is never constrained.
+SCHEMAS: dict[str, dict[str, Any]] = {"judge": JUDGE_SCHEMA, "summarize": SUMMARY_SCHEMA, "qa_judge": QA_JUDGE_SCHEMA}
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
@@ -102,16 +110,36 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
+def _json_body(text: str | None) -> tuple[Any, Parsed | None]:
+    """The whole output (optionally in a ``` fence) decoded as JSON, or the `Parsed` error saying why not."""
+    try:
+        return json.loads(_strip_fence(text or "")), None
+    except ValueError as exc:
+        return None, Parsed(error=f"not JSON ({exc.msg})")
+
+
+def _strict_then_lenient(text: str | None, strict: Callable[[str], Parsed], lenient: Callable[[str], Parsed],
+                         what: str) -> Parsed:
+    """`strict(text)`, else `lenient(text)`; empty text is an error, and a failure names both reasons."""
+    if text is None or not text.strip():
+        return Parsed(error="empty output")
+    first = strict(text)
+    if first.ok:
+        return first
+    second = lenient(text)
+    if second.ok:
+        return second
+    return Parsed(error=f"{what}: strict: {first.error}; lenient: {second.error}; text {_short(text)!r}")
+
+
 # ---------------------------------------------------------------- judge
 
 
 def parse_judge_strict(text: str) -> Parsed:
     """The whole output (optionally in a ``` fence) is `{"score": x}` with x a number in [0, 1]."""
-    body = _strip_fence(text or "")
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        return Parsed(error=f"not JSON ({exc.msg})")
+    obj, failed = _json_body(text)
+    if failed is not None:
+        return failed
     if not isinstance(obj, dict):
         return Parsed(error=f"JSON {type(obj).__name__}, expected an object")
     if set(obj) != {"score"}:
@@ -153,16 +181,7 @@ def parse_judge_lenient(text: str) -> Parsed:
 
 def parse_judge(text: str | None) -> Parsed:
     """Strict, then lenient; the error names both reasons and a snippet of the text."""
-    if text is None or not text.strip():
-        return Parsed(error="empty output")
-    strict = parse_judge_strict(text)
-    if strict.ok:
-        return strict
-    lenient = parse_judge_lenient(text)
-    if lenient.ok:
-        return lenient
-    return Parsed(error=f"unparseable judge output: strict: {strict.error}; lenient: {lenient.error}; "
-                        f"text {_short(text)!r}")
+    return _strict_then_lenient(text, parse_judge_strict, parse_judge_lenient, "unparseable judge output")
 
 
 # ---------------------------------------------------------------- summarize
@@ -245,11 +264,9 @@ def _bullets_from_items(items: list[Any], labels: Mapping[str, str], speakers: s
 
 def parse_summary_strict(text: str, labels: Mapping[str, str], speakers: set[str] | None = None) -> Parsed:
     """The whole output (optionally fenced) is `{"bullets": [{"speaker", "text", "evidence"}]}`."""
-    body = _strip_fence(text or "")
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:
-        return Parsed(error=f"not JSON ({exc.msg})")
+    obj, failed = _json_body(text)
+    if failed is not None:
+        return failed
     if not isinstance(obj, dict) or set(obj) != {"bullets"} or not isinstance(obj["bullets"], list):
         return Parsed(error="expected exactly {\"bullets\": [...]}")
     return _bullets_from_items(obj["bullets"], labels, speakers, strict=True)
@@ -282,16 +299,8 @@ def parse_summary_lenient(text: str, labels: Mapping[str, str], speakers: set[st
 
 def parse_summary(text: str | None, labels: Mapping[str, str], speakers: set[str] | None = None) -> Parsed:
     """Strict, then lenient. A strict empty list is a valid (empty) summary."""
-    if text is None or not text.strip():
-        return Parsed(error="empty output")
-    strict = parse_summary_strict(text, labels, speakers)
-    if strict.ok:
-        return strict
-    lenient = parse_summary_lenient(text, labels, speakers)
-    if lenient.ok:
-        return lenient
-    return Parsed(error=f"unparseable summary: strict: {strict.error}; lenient: {lenient.error}; "
-                        f"text {_short(text)!r}")
+    return _strict_then_lenient(text, lambda t: parse_summary_strict(t, labels, speakers),
+                                lambda t: parse_summary_lenient(t, labels, speakers), "unparseable summary")
 
 
 # ---------------------------------------------------------------- reply
@@ -356,3 +365,54 @@ def parse_reply(text: str | None, target_speaker: str | None = None, speakers: s
         return Parsed(error=f"reply has no letter or digit; text {_short(text)!r}")
     method = "strict" if clean == " ".join(text.split()) else "lenient"
     return Parsed(value=clean, method=method)
+
+
+# ---------------------------------------------------------------- answer (qa-eval)
+
+
+def parse_answer(text: str | None) -> Parsed:
+    """A generated answer: the reply cleaning without speakers (fence, tags, `Answer:` prefix, quotes, spaces).
+
+    An abstention ("No information available") is a valid answer; scoring decides what it is worth.
+    """
+    return parse_reply(text)
+
+
+# ---------------------------------------------------------------- qa_judge (qa-eval)
+
+_VERDICT_WORD = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
+
+
+def parse_qa_judge_strict(text: str) -> Parsed:
+    """The whole output (optionally fenced) is `{"verdict": "CORRECT"}` or `{"verdict": "WRONG"}`."""
+    obj, failed = _json_body(text)
+    if failed is not None:
+        return failed
+    if not isinstance(obj, dict) or set(obj) != {"verdict"}:
+        return Parsed(error="expected exactly {\"verdict\": ...}")
+    if obj["verdict"] not in VERDICTS:
+        return Parsed(error=f"verdict {obj['verdict']!r} is not one of {list(VERDICTS)}")
+    return Parsed(value=obj["verdict"], method="strict")
+
+
+def parse_qa_judge_lenient(text: str) -> Parsed:
+    """A JSON object with `verdict` (or `label`) anywhere, else the first word CORRECT/WRONG/INCORRECT (any case).
+
+    INCORRECT counts as WRONG; the first such word decides, so a later restatement cannot flip it.
+    """
+    text = text or ""
+    for obj in _json_objects(text):
+        if isinstance(obj, dict):
+            for key in ("verdict", "label"):
+                value = obj.get(key)
+                if isinstance(value, str) and value.strip().upper() in VERDICTS + ("INCORRECT",):
+                    return Parsed(value="CORRECT" if value.strip().upper() == "CORRECT" else "WRONG", method="lenient")
+    match = _VERDICT_WORD.search(text)
+    if match is None:
+        return Parsed(error="no CORRECT/WRONG verdict in the output")
+    return Parsed(value="CORRECT" if match.group(1).upper() == "CORRECT" else "WRONG", method="lenient")
+
+
+def parse_qa_judge(text: str | None) -> Parsed:
+    """Strict, then lenient; the error names both reasons and a snippet of the text."""
+    return _strict_then_lenient(text, parse_qa_judge_strict, parse_qa_judge_lenient, "unparseable verdict")

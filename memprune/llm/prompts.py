@@ -28,6 +28,8 @@ TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
     "judge": frozenset({"context", "target_speaker", "target", "bullet"}),
     "summarize": frozenset({"speakers", "time", "turns", "max_bullets"}),
     "reply": frozenset({"target_speaker", "context", "memory"}),
+    "answer": frozenset({"memory", "question"}),
+    "qa_judge": frozenset({"question", "gold", "answer"}),
 }
 NO_MEMORY = "(no memory notes)"
 
@@ -120,16 +122,13 @@ def render_context(row: Mapping[str, Any]) -> list[str]:
 
 def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
     """The judge prompt for one (bullet, context, target) row."""
-    for key in ("bullet", "target"):
-        value = row.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise PromptError(f"field {key!r} must be a non-empty string, got {value!r}")
+    bullet, target = _required_text(row, "bullet"), _required_text(row, "target")
     lines = render_context(row)
     values = {
         "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
         "target_speaker": escape(row.get("target_speaker")),
-        "target": escape(row["target"]),
-        "bullet": escape(row["bullet"]),
+        "target": target,
+        "bullet": bullet,
     }
     return template.render(values)
 
@@ -160,16 +159,28 @@ def summarize_messages(row: Mapping[str, Any], template: PromptTemplate, max_bul
 
 
 def render_note(note: Any, index: int) -> str:
-    """One memory bullet as a `<note>` element; `note` is a string or a mapping with `text` (+ speaker, session_index)."""
+    """One memory note as a `<note>` element; `note` is a string or a mapping with `text`
+    (+ `session_index`, `time` (the session's date, when known) and `speaker`)."""
     if isinstance(note, str):
-        text, speaker, session = note, None, None
+        text, speaker, session, time = note, None, None, None
     elif isinstance(note, Mapping) and isinstance(note.get("text"), str):
-        text, speaker, session = note["text"], note.get("speaker"), note.get("session_index")
+        text, speaker, session, time = note["text"], note.get("speaker"), note.get("session_index"), note.get("time")
     else:
         raise PromptError(f"field 'memory' item {index} must be a string or a {{text, speaker}} mapping, got {note!r}")
     attrs = (f' session="{escape(session)}"' if session is not None else "") + \
+            (f' time="{escape(time)}"' if time is not None else "") + \
             (f' speaker="{escape(speaker)}"' if speaker is not None else "")
     return f"<note{attrs}>{escape(text)}</note>"
+
+
+def render_memory(memory: Any) -> str:
+    """The `memory` field (a list of notes, or None) as `<note>` lines, or `NO_MEMORY` when empty."""
+    if memory is None:
+        memory = []
+    if not isinstance(memory, Sequence) or isinstance(memory, str):
+        raise PromptError(f"field 'memory' must be a list of notes, got {type(memory).__name__}")
+    notes = [render_note(note, i) for i, note in enumerate(memory)]
+    return "\n".join(notes) if notes else NO_MEMORY
 
 
 def reply_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
@@ -178,15 +189,30 @@ def reply_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dic
     if not isinstance(speaker, str) or not speaker.strip():
         raise PromptError(f"field 'target_speaker' must be a non-empty string, got {speaker!r}")
     lines = render_context(row)
-    memory = row.get("memory")
-    if memory is None:
-        memory = []
-    if not isinstance(memory, Sequence) or isinstance(memory, str):
-        raise PromptError(f"field 'memory' must be a list of notes, got {type(memory).__name__}")
-    notes = [render_note(note, i) for i, note in enumerate(memory)]
     values = {
         "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
-        "memory": "\n".join(notes) if notes else NO_MEMORY,
+        "memory": render_memory(row.get("memory")),
         "target_speaker": escape(speaker),
     }
+    return template.render(values)
+
+
+def _required_text(row: Mapping[str, Any], key: str) -> str:
+    """`row[key]` escaped, or a `PromptError` when it is not a non-empty string."""
+    value = row.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise PromptError(f"field {key!r} must be a non-empty string, got {value!r}")
+    return escape(value)
+
+
+def answer_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The answer prompt of qa-eval for one row: the memory notes, then the question."""
+    question = _required_text(row, "question")
+    return template.render({"memory": render_memory(row.get("memory")), "question": question})
+
+
+def qa_judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The CORRECT/WRONG verdict prompt for one (question, gold answer, generated answer) row."""
+    values = {"question": _required_text(row, "question"), "gold": _required_text(row, "gold"),
+              "answer": _required_text(row, "prediction")}
     return template.render(values)

@@ -18,18 +18,20 @@ import math
 import pickle
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.engines import LLMError, full_replicas, generate
-from memprune.llm.parsing import SCHEMAS, parse_judge, parse_reply, parse_summary
+from memprune.llm.parsing import SCHEMAS, parse_answer, parse_judge, parse_qa_judge, parse_reply, parse_summary
 from memprune.llm.prompts import (
     PromptError,
+    answer_messages,
     judge_messages,
     load_template,
+    qa_judge_messages,
     reply_messages,
     summarize_messages,
     turn_labels,
@@ -40,12 +42,18 @@ TASK_INPUTS: dict[str, tuple[str, ...]] = {
     "judge": ("bullet", "context", "target", "target_speaker"),
     "summarize": ("turns",),
     "reply": ("context", "memory", "target_speaker"),
+    "answer": ("memory", "question"),
+    "qa_judge": ("question", "gold", "prediction"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "judge": ("bullet", "context", "target"),
     "summarize": ("conversation_id", "session_index", "turns"),
     "reply": ("context", "target_speaker"),
+    "answer": ("question",),
+    "qa_judge": ("question", "gold", "prediction"),
 }
+# Tasks whose parsed value is one scalar (a score, a text, a verdict), stored as it is.
+SCALAR_TASKS = ("judge", "reply", "answer", "qa_judge")
 COMMON_OUT = ("raw", "error", "attempts", "tokens_in", "tokens_out")
 
 BULLET_TYPE = pa.struct([
@@ -62,6 +70,8 @@ OUTPUT_FIELDS: dict[str, list[pa.Field]] = {
         pa.field("parse", pa.string()),
     ],
     "reply": [pa.field("reply", pa.string()), pa.field("parse", pa.string())],
+    "answer": [pa.field("prediction", pa.string()), pa.field("parse", pa.string())],
+    "qa_judge": [pa.field("verdict", pa.string()), pa.field("parse", pa.string())],
 }
 COMMON_FIELDS = [
     pa.field("raw", pa.string()),
@@ -120,6 +130,10 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
                 messages = reply_messages(row, template)
                 state["_mp_speakers"] = json.dumps({"target": str(row["target_speaker"]), "speakers": sorted(
                     {str(t.get("speaker")) for t in row.get("context") or [] if t.get("speaker") is not None})})
+            elif task == "answer":
+                messages = answer_messages(row, template)
+            elif task == "qa_judge":
+                messages = qa_judge_messages(row, template)
             else:
                 messages = summarize_messages(row, template, config.max_bullets)
                 state["_mp_labels"] = json.dumps(turn_labels(row["turns"]))
@@ -139,6 +153,10 @@ def _parse(task: Task, text: str | None, state: dict[str, Any]) -> Any:
     if task == "reply":
         who = json.loads(state["_mp_speakers"] or "{}")
         return parse_reply(text, who.get("target"), who.get("speakers"))
+    if task == "answer":
+        return parse_answer(text)
+    if task == "qa_judge":
+        return parse_qa_judge(text)
     labels = json.loads(state["_mp_labels"] or "{}")
     speakers = set(json.loads(state["_mp_speakers"] or "[]"))
     return parse_summary(text, labels, speakers)
@@ -162,7 +180,7 @@ def settle_rows(rows: list[dict[str, Any]], task: Task, attempt: int, final: boo
             parsed = _parse(task, text, state)
             reason = parsed.error
         if parsed is not None and parsed.ok:
-            if task in ("judge", "reply"):
+            if task in SCALAR_TASKS:
                 result: Any = parsed.value
             else:
                 result = {"bullets": [b.as_dict() for b in parsed.value], **parsed.notes}
@@ -183,8 +201,8 @@ def finish_rows(rows: list[dict[str, Any]], task: Task) -> list[dict[str, Any]]:
         item = pickle.loads(row["_mp_pass"])
         if task == "judge":
             item["score"] = float(result) if ok else None
-        elif task == "reply":
-            item["reply"] = str(result) if ok else None
+        elif task in ("reply", "answer", "qa_judge"):
+            item[OUTPUT_FIELDS[task][0].name] = str(result) if ok else None
             item["parse"] = row.get("_mp_method") if ok else None
         else:
             item["bullets"] = result["bullets"] if ok else None
@@ -264,7 +282,7 @@ def _passthrough_schema(ds: Any, task: Task, keep_inputs: bool) -> tuple[list[st
     return names, None
 
 
-def run_llm(ds: Any, config: LLMConfig, task: Literal["judge", "summarize", "reply"], keep_inputs: bool = False) -> Any:
+def run_llm(ds: Any, config: LLMConfig, task: Task, keep_inputs: bool = False) -> Any:
     """Run `task` over every row of `ds` with the configured engine; never raises for bad model output.
 
     judge: rows with `bullet`, `context` (list of {speaker, text}), `target`, `target_speaker`
@@ -276,10 +294,14 @@ def run_llm(ds: Any, config: LLMConfig, task: Literal["judge", "summarize", "rep
     reply: rows with `context` (list of {speaker, text}), `memory` (list of notes: strings or
     {text, speaker, session_index}), `target_speaker` -> passthrough columns + `reply` (the
     generated utterance, or None), `parse` and the common columns; free text, no JSON schema.
+    answer: rows with `question` and `memory` (notes, as for reply) -> passthrough + `prediction`
+    (a short answer, or None), `parse` and the common columns; free text.
+    qa_judge: rows with `question`, `gold`, `prediction` -> passthrough + `verdict` (CORRECT or
+    WRONG, or None), `parse` and the common columns; JSON schema `QA_JUDGE_SCHEMA`.
     Row order may change. The prompt input columns are dropped unless `keep_inputs`.
     """
     if task not in TASK_INPUTS:
-        raise ValueError(f"unknown task {task!r}; expected 'judge', 'summarize' or 'reply'")
+        raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_INPUTS)}")
     load_template(config.prompt_name(task), task)  # fail fast on a bad template
     config.check_model()  # and on a model that is not there, before an engine starts
     names, passthrough = _passthrough_schema(ds, task, keep_inputs)
