@@ -99,8 +99,7 @@ def submit(address: str, env: dict, job_id: str, *args: str) -> None:
 
 
 def test_jobs_submitted_to_a_real_cluster(ray_head, tmp_path: Path) -> None:
-    """jobs/pipeline.py (every step), then jobs/prune.py on its corpus and scorer, on one real cluster (the
-    other entrypoints share `run_job` with these two; every shipped config loads in test_robustness.py)."""
+    """jobs/pipeline.py, then jobs/label.py, jobs/train.py and jobs/prune.py on its corpus, on one real cluster."""
     address, env = ray_head
     run = tmp_path / "pipeline"
     submit(address, env, "memprune-pipeline-test", "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={run}",
@@ -108,12 +107,25 @@ def test_jobs_submitted_to_a_real_cluster(ray_head, tmp_path: Path) -> None:
            *TINY_TRAIN)
     assert json.loads((run / "pipeline.json").read_text())["steps"].keys() == {"data", "label", "train", "evaluate",
                                                                               "prune"}
-    data, train = run / "data", run / "train"
-    assert (train / "stage1" / "seed0" / "head.safetensors").is_file()
-    assert json.loads((run / "label" / "label.json").read_text())["judge"].startswith("similarity")
+    data = run / "data"
+
+    labels = tmp_path / "labels"
+    submit(address, env, "memprune-label-test", "jobs/label.py", "configs/label-similarity.yaml", f"data={data}",
+           f"out={labels}", "shard_size=64", "progress=false")
+    table = pq.read_table(labels / "labels.parquet")
+    bullets = pq.read_table(data / "bullets.parquet").to_pylist()
+    last = max(b["session_index"] for b in bullets)
+    assert table.num_rows == sum(1 for b in bullets if b["session_index"] < last)
+    assert all(0.0 <= x <= 1.0 for x in table.column("label").to_pylist())
+    assert json.loads((labels / "label.json").read_text())["judge"].startswith("similarity")
+
+    train = tmp_path / "train"
+    submit(address, env, "memprune-train-test", "jobs/train.py", "configs/train-local.yaml", f"data={data}",
+           f"labels={labels}", f"out={train}", *(a.removeprefix("train.") for a in TINY_TRAIN))
+    assert (train / "stage1" / "seed0" / "head.safetensors").is_file() and not (train / "eval").exists()
 
     pruned = tmp_path / "pruned"
     submit(address, env, "memprune-prune-test", "jobs/prune.py", "configs/prune-local.yaml",
            f"scorer={train / 'stage1' / 'seed0'}", f"input={data}", f"out={pruned}", "progress=false")
     summary = json.loads((pruned / "prune.json").read_text())
-    assert summary["input"]["rows"] == summary["output"]["rows"] == pq.read_metadata(data / "bullets.parquet").num_rows
+    assert summary["input"]["rows"] == summary["output"]["rows"] == len(bullets)
