@@ -30,7 +30,6 @@ from pydantic import BaseModel
 from memprune.errors import MemPruneError
 
 M = TypeVar("M", bound=BaseModel)
-_EMBEDDED = False  # this process started its own local Ray: a fixed-size cluster
 GpuSetting = bool | Literal["auto"]
 
 
@@ -106,7 +105,6 @@ def ensure_ray(address: str | None = None) -> None:
     """
     import ray
 
-    global _EMBEDDED
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -114,8 +112,16 @@ def ensure_ray(address: str | None = None) -> None:
     quiet = {} if _VERBOSE else {"log_to_driver": False, "logging_level": logging.WARNING,
                                  "runtime_env": {"env_vars": QUIET_ENV}}
     ray.init(address=target, include_dashboard=False, configure_logging=False, **quiet)
-    _EMBEDDED = target == "local"
     _quiet_ray_data()
+
+
+def started_by_this_process() -> bool:
+    """Whether `ray.init()` in this process started the cluster (a fixed-size local instance, by memprune or by
+    the caller), rather than connecting to one that may autoscale."""
+    import ray._private.worker as ray_worker
+
+    node = getattr(ray_worker, "_global_node", None)
+    return bool(getattr(node, "ray_init_cluster", False))
 
 
 def check_resources(requests: Mapping[str, Mapping[str, float]], cluster: Mapping[str, float] | None = None,
@@ -123,14 +129,14 @@ def check_resources(requests: Mapping[str, Mapping[str, float]], cluster: Mappin
     """Refuse, before any work starts, a request (by config key) that no node of this cluster can ever place.
 
     `requests` maps a config key to the resources one unit of it needs (e.g. one Ray Train worker).
-    On a fixed-size cluster (the local Ray `ensure_ray` started, or `fixed=True`) a request beyond the cluster's
+    On a fixed-size cluster (a local Ray that this process's `ray.init()` started, or `fixed=True`) a request beyond the cluster's
     total is an error naming the key and what the cluster has; on an autoscaling cluster it may be
     placed later, so it only waits.
     """
     import ray
 
     cluster = ray.cluster_resources() if cluster is None else cluster
-    fixed = _EMBEDDED if fixed is None else fixed
+    fixed = started_by_this_process() if fixed is None else fixed
     if not fixed:
         return
     for key, need in requests.items():

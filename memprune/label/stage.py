@@ -271,9 +271,9 @@ def _run_source(cfg: LabelConfig, data: Path, bullets: pa.Table, inputs: dict[st
         reconciles = reconciles and ledger_summary["conservation"] == "ok" and (
             c["events"] == c["events_counted"] + c["events_outside_window"] + c["events_rejected"])
     vals = result.labels.column("label").to_numpy() if result.labels.num_rows else np.zeros(0)
-    outputs = ["labels.parquet", "unlabelled.jsonl", "label.json", "label.md"]
+    files = ["labels.parquet", "unlabelled.jsonl", "label.json", "label.md"]
     if ledger_summary is not None:
-        outputs.insert(2, "rejects.jsonl")
+        files.insert(2, "rejects.jsonl")
     summary: dict[str, Any] = {
         "stage": "label",
         "source": cfg.source,
@@ -293,7 +293,7 @@ def _run_source(cfg: LabelConfig, data: Path, bullets: pa.Table, inputs: dict[st
             "at_least_0.5": int((vals >= 0.5).sum()),
         },
         "throughput": {"wall_s": round(time.perf_counter() - started, 3)},
-        "outputs": outputs,
+        "outputs": files,
     }
     if ledger_summary is not None:
         summary["ledger"] = ledger_summary
