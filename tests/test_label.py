@@ -274,21 +274,9 @@ def _scripted(body: dict) -> str:
 
 
 def _llm_corpus(root: Path) -> Path:
-    def turns(k: int, words: list[str]) -> list[dict]:
-        return [{"turn_id": schema.turn_id("c", k, i), "speaker": "AB"[i % 2], "text": w} for i, w in enumerate(words)]
+    from tiny_llm import two_session_corpus
 
-    sessions = [{"conversation_id": "c", "session_index": 1, "speakers": ["A", "B"],
-                 "turns": turns(1, ["hi", "hello", "bye"]), "time": None},
-                {"conversation_id": "c", "session_index": 2, "speakers": ["A", "B"],
-                 "turns": turns(2, ["alpha", "beta", "gamma"]), "time": None}]
-    bullets = [{"bullet_id": schema.bullet_id("c", k, i), "conversation_id": "c", "session_index": k, "speaker": "A",
-                "text": text, "evidence": []}
-               for k, texts in ((1, ["fact zero", "fact one", "fact two"]), (2, ["fact three"]))
-               for i, text in enumerate(texts)]
-    root.mkdir(parents=True, exist_ok=True)
-    write_table(pa.Table.from_pylist(sessions, schema=schema.SESSIONS), root / "sessions.parquet", "sessions")
-    write_table(pa.Table.from_pylist(bullets, schema=schema.BULLETS), root / "bullets.parquet", "bullets")
-    return root
+    return two_session_corpus(root, ["fact zero", "fact one", "fact two"], ["alpha", "beta", "gamma"])
 
 
 @pytest.mark.slow

@@ -304,3 +304,34 @@ def check_judge_output(rows: list[dict], out: list[dict], max_attempts: int) -> 
         else:
             assert got["score"] is None
     return by_id
+
+
+# ---------------------------------------------------------------- a tiny two-session corpus for the label tests
+
+
+def two_session_corpus(root, bullets_s1: list[str], turns_s2: list[str], bullets_s2: list[str] = ("fact three",),
+                       turns_s1: list[str] = ("hi", "hello", "bye")):
+    """`sessions.parquet` / `bullets.parquet` of one conversation `c`: bullets of session 1 are paired with the turns
+    of session 2 (speakers alternate A, B); session 2's bullets have no next session."""
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from memprune import schema
+    from memprune.io import write_table
+
+    def turns(k: int, words) -> list[dict]:
+        return [{"turn_id": schema.turn_id("c", k, i), "speaker": "AB"[i % 2], "text": w} for i, w in enumerate(words)]
+
+    sessions = [{"conversation_id": "c", "session_index": 1, "speakers": ["A", "B"], "turns": turns(1, turns_s1),
+                 "time": None},
+                {"conversation_id": "c", "session_index": 2, "speakers": ["A", "B"], "turns": turns(2, turns_s2),
+                 "time": None}]
+    bullets = [{"bullet_id": schema.bullet_id("c", k, i), "conversation_id": "c", "session_index": k, "speaker": "A",
+                "text": text, "evidence": []}
+               for k, texts in ((1, bullets_s1), (2, bullets_s2)) for i, text in enumerate(texts)]
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    write_table(pa.Table.from_pylist(sessions, schema=schema.SESSIONS), root / "sessions.parquet", "sessions")
+    write_table(pa.Table.from_pylist(bullets, schema=schema.BULLETS), root / "bullets.parquet", "bullets")
+    return root

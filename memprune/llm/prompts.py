@@ -28,6 +28,8 @@ TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
     "judge": frozenset({"context", "target_speaker", "target", "bullet"}),
     "summarize": frozenset({"speakers", "time", "turns", "max_bullets"}),
     "reply": frozenset({"target_speaker", "context", "memory"}),
+    "listwise": frozenset({"context", "target_speaker", "target", "bullets"}),
+    "loglik": frozenset({"target_speaker", "context", "memory"}),  # a reply template: the target is scored
 }
 NO_MEMORY = "(no memory notes)"
 
@@ -130,6 +132,27 @@ def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dic
         "target_speaker": escape(row.get("target_speaker")),
         "target": escape(row["target"]),
         "bullet": escape(row["bullet"]),
+    }
+    return template.render(values)
+
+
+def listwise_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The listwise judge prompt for one (bullets, context, target) row; bullets are numbered 1..k in row order."""
+    bullets = row.get("bullets")
+    if not isinstance(bullets, Sequence) or isinstance(bullets, str) or not bullets:
+        raise PromptError(f"field 'bullets' must be a non-empty list of strings, got {bullets!r}")
+    for i, b in enumerate(bullets):
+        if not isinstance(b, str) or not b.strip():
+            raise PromptError(f"field 'bullets' item {i} must be a non-empty string, got {b!r}")
+    target = row.get("target")
+    if not isinstance(target, str) or not target.strip():
+        raise PromptError(f"field 'target' must be a non-empty string, got {target!r}")
+    lines = render_context(row)
+    values = {
+        "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
+        "target_speaker": escape(row.get("target_speaker")),
+        "target": escape(target),
+        "bullets": "\n".join(f'<bullet id="{i}">{escape(b)}</bullet>' for i, b in enumerate(bullets, 1)),
     }
     return template.render(values)
 
