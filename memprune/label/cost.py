@@ -10,7 +10,8 @@ its own mode next to what the engine measured. Rules, precisely:
 - prompts are counted line by line with a cache (a corpus repeats the same system text, context
   turns and bullets thousands of times); merges across a line break are ignored, and the plan
   reports that error measured on a sample against whole-prompt tokenization (`line_split_error`).
-- generated tokens: pairwise, one `{"score": x}` object; listwise, the schema's array for the list;
+- generated tokens: pairwise, one `{"score":x}` object; listwise, the schema's array for the list (compact
+  JSON, as vLLM's structured output writes it);
   likelihood, one token per request (`max_tokens=1`); each + 1 end token. Retries are not planned.
 - prefix-cache reuse: in the order the prompts are sent, the part of each prompt shared with the
   previous one, counted in whole cache blocks (`cost.block_size`, vLLM's 16 tokens), over all
@@ -225,8 +226,8 @@ def generated_per_call(mode: str, counter: PromptCounter, k: int = 1) -> int:
     if mode == "likelihood":
         return 1
     if mode == "pairwise":
-        return int(counter.count(['{"score": 0.5}'])[0]) + 1
-    return int(counter.count([json.dumps([{"id": i, "score": 5} for i in range(1, k + 1)])])[0]) + 1
+        return int(counter.count(['{"score":0.5}'])[0]) + 1
+    return int(counter.count([json.dumps([{"id": i, "score": 5} for i in range(1, k + 1)], separators=(",", ":"))])[0]) + 1
 
 
 def plan_mode(mode: str, plan: PairPlan, counter: PromptCounter, llm: Any, listwise: Any, block_size: int,

@@ -152,7 +152,29 @@ def vllm_engine_kwargs(config: LLMConfig) -> dict[str, Any]:
     if config.accelerator == "cpu":
         kwargs["enforce_eager"] = True
     kwargs.update(config.engine_kwargs)
+    so = kwargs.get("structured_outputs_config")
+    if config.structured_output and (so is None or isinstance(so, dict)):
+        built = structured_outputs_config(so)
+        if built is not None:
+            kwargs["structured_outputs_config"] = built
     return kwargs
+
+
+def structured_outputs_config(settings: dict[str, Any] | None) -> Any:
+    """vLLM's engine-level `StructuredOutputsConfig`: xgrammar, compact JSON (`disable_any_whitespace`); None
+    without vLLM (the processor can still be built, e.g. on a driver that only submits the job).
+
+    vLLM reads `disable_any_whitespace` from the engine config, not from a request's
+    `StructuredOutputsParams`: without it a grammar lets the model pad JSON with whitespace until
+    `max_tokens` cuts it (a long list then never completes). vLLM allows the flag only with an explicit
+    xgrammar or guidance backend; memprune's schemas compile in xgrammar. `engine_kwargs.
+    structured_outputs_config` (a mapping) overrides these defaults.
+    """
+    try:
+        from vllm.config import StructuredOutputsConfig
+    except ImportError:
+        return None
+    return StructuredOutputsConfig(**{"backend": "xgrammar", "disable_any_whitespace": True, **(settings or {})})
 
 
 def vllm_processor_config(config: LLMConfig, replicas: int | None = None, stages: bool | None = None) -> Any:
