@@ -3,7 +3,7 @@
     python bench/label_bench.py                       # similarity (local + ray) and hf/tiny
     python bench/label_bench.py --vllm-model PATH     # + vllm vs vLLM's own LLM.generate (CUDA + vllm)
     python bench/label_bench.py --vllm-cpu            # the vllm comparison on CPU (vllm-cpu, tiny model)
-    python bench/label_bench.py --vllm-cpu --skip-similarity --skip-hf --replicas 1,2   # replica scaling only
+    python bench/label_bench.py --vllm-cpu --skip-similarity --skip-hf --skip-vllm-compare --replicas 1,2
 
 Sections:
 1. `similarity` judge, the whole `memprune label` stage on the MSC valid split (fresh work
@@ -182,6 +182,7 @@ def main() -> int:
     ap.add_argument("--vllm-model", help="Model for the vllm comparison (default: the tiny random model).")
     ap.add_argument("--vllm-pairs", type=int, default=2000, help="Pairs for the vllm comparison.")
     ap.add_argument("--vllm-cpu", action="store_true", help="Run the vllm comparison on CPU (vllm-cpu).")
+    ap.add_argument("--skip-vllm-compare", action="store_true", help="Skip section 3 (memprune vs LLM.generate).")
     ap.add_argument("--replicas", default="", help="vllm engine replica counts to compare, e.g. 1,2.")
     ap.add_argument("--replica-judge", default="pairwise,likelihood",
                     help="Comma list of judges for the replica runs: pairwise, listwise, likelihood.")
@@ -220,7 +221,7 @@ def main() -> int:
 
         cuda = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()
         has_vllm = importlib.util.find_spec("vllm") is not None
-        if (cuda or args.vllm_cpu) and has_vllm:
+        if (cuda or args.vllm_cpu) and has_vllm and not args.skip_vllm_compare:
             base = "vllm-cpu.yaml" if args.vllm_cpu or not cuda else "vllm-gpu.yaml"
             model = args.vllm_model or tiny
             cfg = LLMConfig.from_yaml(REPO / "configs" / "llm" / base, [f"model={model}", "max_retries=0"])

@@ -167,7 +167,10 @@ def label(
                                                       help="Temperature of --judge-samples [default: 0.7]."),
     plan: bool = typer.Option(False, "--plan", help="Only count calls, tokens and GPU-hours of each judge mode "
                                                     "(tokenizer only, no model run)."),
-    throughput: Optional[float] = typer.Option(None, "--throughput", help="--plan/cost: GPU tokens/s for GPU-hours."),
+    throughput: Optional[float] = typer.Option(None, "--throughput", help="--plan/cost: GPU prompt (prefill) "
+                                                                           "tokens/s, for GPU-hours."),
+    decode_throughput: Optional[float] = typer.Option(None, "--decode-throughput", help="--plan/cost: GPU generated "
+                                                      "tokens/s [default: --throughput]."),
     plan_tokenizer: Optional[str] = typer.Option(None, "--plan-tokenizer", help="Fallback tokenizer (dir or "
                                                  "tokenizer.json) when the judge model's is not local [default: MiniLM]."),
     speaker: Optional[str] = typer.Option(None, "--speaker", help="Target turns: all (default), same or other speaker than the bullet's."),
@@ -194,7 +197,7 @@ def label(
         "qa.grading": qa_grading, "qa.later_only": True if qa_later_only else None,
         "judge_mode": judge_mode, "listwise.orders": listwise_orders, "judge_set": _csv(judge_set),
         "judge_samples": judge_samples, "judge_temperature": judge_temperature, "plan": True if plan else None,
-        "cost.throughput": throughput, "cost.tokenizer": plan_tokenizer,
+        "cost.throughput": throughput, "cost.decode_throughput": decode_throughput, "cost.tokenizer": plan_tokenizer,
         "progress": False if no_progress else None}, llm_set)
     if summary["stage"] == "label-plan":
         from memprune.label.report import render_plan

@@ -169,7 +169,7 @@ def test_consensus_mean_spread_agreement_and_failed_bullets():
 
 
 def test_plan_counts_match_whole_prompt_tokenization(plan, tiny_llm: str):
-    from memprune.label.config import ListwiseOptions
+    from memprune.label.config import CostOptions, ListwiseOptions
     from memprune.label.cost import PromptStats, pairwise_prompts
     from memprune.llm import load_template
 
@@ -184,8 +184,8 @@ def test_plan_counts_match_whole_prompt_tokenization(plan, tiny_llm: str):
         stats.add(t)
     assert stats.calls == 3 and 0 < stats.reusable < stats.tokens and stats.reusable % 16 == 0
 
-    modes = {m: plan_mode(m, plan, counter, None, ListwiseOptions(), 16, 1, throughput=1000.0)
-             for m in ("pairwise", "listwise", "likelihood")}
+    cost = CostOptions(throughput=1000.0, decode_throughput=100.0)
+    modes = {m: plan_mode(m, plan, counter, None, ListwiseOptions(), cost) for m in ("pairwise", "listwise", "likelihood")}
     pw, lw, lk = modes["pairwise"], modes["listwise"], modes["likelihood"]
     assert pw["calls"] == plan.pairs.num_rows and pw["prompt_tokens"] == counter.count(texts).sum()
     assert lw["calls"] == len(target_groups(plan)) and lk["calls"] == plan.pairs.num_rows + lw["calls"]
@@ -193,7 +193,8 @@ def test_plan_counts_match_whole_prompt_tokenization(plan, tiny_llm: str):
     assert 0.5 < pw["prefix_cache_reusable_share"] < 1 and lk["prefix_cache_reusable_share"] == 0
     assert not lk["prefix_cache_used"] and lk["generated_tokens"] == lk["calls"]
     for m in modes.values():
-        assert m["gpu_hours"] == pytest.approx(m["effective_tokens"] / 1000 / 3600)
+        uncached = m["effective_tokens"] - m["generated_tokens"]
+        assert m["gpu_hours"] == pytest.approx((uncached / 1000 + m["generated_tokens"] / 100) / 3600)
 
 
 def test_cli_plan_on_msc_shows_the_listwise_saving(msc_few: Path, tmp_path: Path):

@@ -69,7 +69,9 @@ class CostOptions(BaseModel):
         None, description="fallback tokenizer (local dir or tokenizer.json) when the judge model's is not local; "
                           "default: the local all-MiniLM-L6-v2 tokenizer")
     throughput: float | None = Field(
-        None, gt=0, description="GPU throughput in tokens/s (prefill not served by the prefix cache + generated)")
+        None, gt=0, description="GPU throughput in prompt tokens/s (prefill not served by the prefix cache)")
+    decode_throughput: float | None = Field(
+        None, gt=0, description="GPU throughput in generated tokens/s; None: the same as `throughput`")
     block_size: int = Field(16, ge=1, description="prefix-cache block: only whole blocks of a shared prefix are reused")
 
 

@@ -17,8 +17,9 @@ its own mode next to what the engine measured. Rules, precisely:
   previous one, counted in whole cache blocks (`cost.block_size`, vLLM's 16 tokens), over all
   prompt tokens. vLLM reads no prefix cache for requests that ask for prompt log-probabilities,
   so the likelihood judge reuses nothing (`prefix_cache_used: false`).
-- GPU-hours = (prompt tokens not served from the cache + generated tokens) / throughput / 3600,
-  with the throughput (tokens/s per GPU) given by the user (`--throughput`).
+- GPU-hours = (prompt tokens not served from the cache / throughput + generated tokens /
+  decode throughput) / 3600, with the throughputs (tokens/s per GPU) given by the user
+  (`--throughput`, `--decode-throughput`; the decode one defaults to the first).
 """
 
 from __future__ import annotations
@@ -230,13 +231,23 @@ def generated_per_call(mode: str, counter: PromptCounter, k: int = 1) -> int:
     return int(counter.count([json.dumps([{"id": i, "score": 5} for i in range(1, k + 1)], separators=(",", ":"))])[0]) + 1
 
 
-def plan_mode(mode: str, plan: PairPlan, counter: PromptCounter, llm: Any, listwise: Any, block_size: int,
-              instances: int = 1, throughput: float | None = None) -> dict[str, Any]:
+def gpu_hours(uncached_prompt_tokens: float, generated_tokens: float, cost: Any) -> float | None:
+    """GPU-hours at the user's throughputs (`cost.throughput`, `cost.decode_throughput`); None without one."""
+    if not cost.throughput:
+        return None
+    decode = cost.decode_throughput or cost.throughput
+    return (uncached_prompt_tokens / cost.throughput + generated_tokens / decode) / 3600
+
+
+def plan_mode(mode: str, plan: PairPlan, counter: PromptCounter, llm: Any, listwise: Any, cost: Any,
+              instances: int = 1) -> dict[str, Any]:
     """Calls, prompt and generated tokens, per-pair cost, prefix-cache reuse and GPU-hours of one judge mode.
 
-    `llm` (an LLMConfig or None) names the prompts and the model length; `instances` multiplies the
-    calls (judge samples or several judges of the same model).
+    `llm` (an LLMConfig or None) names the prompts and the model length; `listwise` and `cost` are
+    the label settings' sections; `instances` multiplies the calls (judge samples or several judges
+    of the same model).
     """
+    block_size = cost.block_size
     groups = target_groups(plan)
     stats = PromptStats(counter, block_size)
     generated = 0
@@ -280,6 +291,6 @@ def plan_mode(mode: str, plan: PairPlan, counter: PromptCounter, llm: Any, listw
         "prefix_cache_reusable_share": (reusable / stats.tokens) if stats.tokens else None,
         "prefix_shared_share": (stats.reusable / stats.tokens) if stats.tokens else None,
         "effective_tokens": effective,
-        "gpu_hours": effective / throughput / 3600 if throughput else None,
+        "gpu_hours": gpu_hours(prompt - reusable * instances, generated, cost),
         "line_split_error": stats.line_split_error(),
     }

@@ -83,16 +83,17 @@ def plan_rows(s: dict[str, Any]) -> list[list[str]]:
 
 def render_plan(s: dict[str, Any]) -> str:
     """plan.md: what each judge mode would cost on this corpus (from plan.json)."""
-    tp = s["throughput_tokens_per_s"]
+    tp, dtp = s["throughput_tokens_per_s"], s.get("decode_throughput_tokens_per_s")
+    at = f"{fmt(tp, 0)} / {fmt(dtp, 0)} tok/s" if tp else "— (give --throughput)"
     lines = [
         f"# Labeling plan: {s['pairs']:,} pairs, {s['target_turns']:,} target turns, {s['bullets']:,} bullets",
         "",
         f"Tokenizer: {s['tokenizer']}. Prefix cache: whole {s['block_size']}-token blocks shared with the previous "
-        "prompt. Effective tokens = prompt tokens not served from the cache + generated tokens.",
+        "prompt. Effective tokens = prompt tokens not served from the cache + generated tokens. GPU-hours = "
+        "(uncached prompt tokens / prefill throughput + generated tokens / decode throughput) / 3600.",
         "",
         *table(["mode", "LLM calls", "prompt tokens", "generated tokens", "prompt tokens / pair",
-                "prefix-cache reusable", "effective tokens", f"GPU-hours @ {fmt(tp, 0) if tp else '— (give --throughput)'}"
-                + (" tok/s" if tp else "")], plan_rows(s)),
+                "prefix-cache reusable", "effective tokens", f"GPU-hours @ {at}"], plan_rows(s)),
         "",
         f"Listwise needs {fmt(s['listwise_saving'], 1)}x fewer prompt tokens per pair than pairwise.",
         "",

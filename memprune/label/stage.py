@@ -193,8 +193,7 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
     modes = {}
     for mode in MODES:
         instances = len(llms) * (cfg.judge_samples if mode != "likelihood" else 1)
-        modes[mode] = plan_mode(mode, plan, counter, llm, cfg.listwise, cfg.cost.block_size, instances,
-                                cfg.cost.throughput)
+        modes[mode] = plan_mode(mode, plan, counter, llm, cfg.listwise, cfg.cost, instances)
     pw, lw = modes["pairwise"], modes["listwise"]
     summary = {
         "stage": "label-plan",
@@ -205,6 +204,7 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
         "bullets": plan.n_bullets,
         "target_turns": len({t for t in plan.pairs.column("turn_id").to_pylist()}),
         "throughput_tokens_per_s": cfg.cost.throughput,
+        "decode_throughput_tokens_per_s": cfg.cost.decode_throughput or cfg.cost.throughput,
         "block_size": cfg.cost.block_size,
         "modes": modes,
         "listwise_saving": (pw["prompt_tokens_per_pair"] / lw["prompt_tokens_per_pair"]

@@ -59,8 +59,7 @@ def planned_cost(cfg: LabelConfig, plan: PairPlan, specs: list[Any]) -> dict[str
     per_judge = []
     for spec in specs:
         counter = PromptCounter(spec.llm.model, cfg.cost.tokenizer, spec.llm.trust_remote_code)
-        entry = plan_mode(spec.mode, plan, counter, spec.llm, cfg.listwise, cfg.cost.block_size, spec.samples,
-                          cfg.cost.throughput)
+        entry = plan_mode(spec.mode, plan, counter, spec.llm, cfg.listwise, cfg.cost, spec.samples)
         per_judge.append({"judge": spec.name, "tokenizer": counter.name, **entry})
     total = {k: sum(p[k] for p in per_judge) for k in PLANNED_SUMS}
     pairs = plan.pairs.num_rows
@@ -68,7 +67,7 @@ def planned_cost(cfg: LabelConfig, plan: PairPlan, specs: list[Any]) -> dict[str
                  if p["prefix_cache_reusable_share"] is not None)
     total.update(prompt_tokens_per_pair=total["prompt_tokens"] / pairs if pairs else None,
                  prefix_cache_reusable_share=cached / total["prompt_tokens"] if total["prompt_tokens"] else None,
-                 gpu_hours=total["effective_tokens"] / cfg.cost.throughput / 3600 if cfg.cost.throughput else None)
+                 gpu_hours=sum(p["gpu_hours"] for p in per_judge) if cfg.cost.throughput else None)
     return {"total": total, "per_judge": per_judge}
 
 
