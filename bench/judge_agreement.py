@@ -22,7 +22,6 @@ Prints one table and a JSON summary (`--json PATH` writes it too). Nothing here 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from label_bench import MSC_RAW, ingested_msc  # noqa: E402  (the same MSC sample as the label benchmark)
+from label_bench import MSC_RAW, emit, ingested_msc  # noqa: E402  (the same MSC sample as the label benchmark)
 
 MODES = ("pairwise", "listwise", "likelihood")
 
@@ -166,9 +165,7 @@ def main() -> int:
     if bias:
         print("\nlistwise bias by list position (mean listwise - pairwise score of the same pairs):")
         print("  " + ", ".join(f"{k}: {v['difference']:+.3f} (n={v['n']})" for k, v in bias.items()))
-    print(json.dumps(results, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    emit(results, args.json)
     return 0
 
 

@@ -169,6 +169,13 @@ def bench_replicas(data: Path, tmp: Path, base: str, model: str, replicas: int, 
             "replicas_served_per_pass": served, "llm_calls": s["cost"]["measured"]["llm_calls"]}
 
 
+def emit(results: dict[str, Any], path: str | None) -> None:
+    """Print the JSON summary, and write it to `path` when given."""
+    print(json.dumps(results, indent=2))
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="An ingested MSC directory (default: ingest ../shared MSC valid now).")
@@ -204,13 +211,12 @@ def main() -> int:
         need_llm = not args.skip_hf or args.vllm_model or args.vllm_cpu or args.replicas
         tiny = None
         if need_llm:
-            import ray
             from tiny_llm import build_tiny_llm
 
             from memprune.llm import LLMConfig
+            from memprune.runtime import ensure_ray
 
-            if not ray.is_initialized():
-                ray.init(include_dashboard=False, log_to_driver=False)
+            ensure_ray()  # a local instance of our own, never another process's cluster
             tiny = str(build_tiny_llm(tmp / "tiny-llm"))
         if not args.skip_hf:
             cfg = LLMConfig.from_yaml(REPO / "configs" / "llm" / "hf-tiny-cpu.yaml", [f"model={tiny}"])
@@ -253,9 +259,7 @@ def main() -> int:
                       f"(judge {r['judge_s']} s, engine start included; replicas that served: "
                       f"{r['replicas_served_per_pass'] or 'n/a'})", flush=True)
 
-    print(json.dumps(results, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    emit(results, args.json)
     return 0
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from typer.testing import CliRunner
 
@@ -28,28 +27,11 @@ from memprune.label.listwise import build_lists, chunk_group
 from memprune.label.pairs import PairOptions, build_pairs, group_bounds, target_groups
 from memprune.llm.lists import listwise_schema, parse_listwise
 
-N_CONVERSATIONS = 4
-
 
 @pytest.fixture(scope="module")
-def msc_few(msc_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first conversations of the real MSC validation split, ingested."""
-    from memprune.ingest import ingest
-
-    full = tmp_path_factory.mktemp("msc_full")
-    ingest("msc", msc_dir, full, split="valid")
-    sessions, bullets = read_table(full / "sessions.parquet", "sessions"), read_table(full / "bullets.parquet", "bullets")
-    keep = pa.array(sorted(set(sessions.column("conversation_id").to_pylist()))[:N_CONVERSATIONS])
-    out = tmp_path_factory.mktemp("msc_few")
-    write_table(sessions.filter(pc.is_in(sessions.column("conversation_id"), keep)), out / "sessions.parquet", "sessions")
-    write_table(bullets.filter(pc.is_in(bullets.column("conversation_id"), keep)), out / "bullets.parquet", "bullets")
-    return out
-
-
-@pytest.fixture(scope="module")
-def plan(msc_few: Path):
-    return build_pairs(read_table(msc_few / "sessions.parquet", "sessions"),
-                       read_table(msc_few / "bullets.parquet", "bullets"), PairOptions())
+def plan(msc_small: Path):
+    return build_pairs(read_table(msc_small / "sessions.parquet", "sessions"),
+                       read_table(msc_small / "bullets.parquet", "bullets"), PairOptions())
 
 
 # ---------------------------------------------------------------- listwise output
@@ -197,8 +179,8 @@ def test_plan_counts_match_whole_prompt_tokenization(plan, tiny_llm: str):
         assert m["gpu_hours"] == pytest.approx((uncached / 1000 + m["generated_tokens"] / 100) / 3600)
 
 
-def test_cli_plan_on_msc_shows_the_listwise_saving(msc_few: Path, tmp_path: Path):
-    res = CliRunner().invoke(app, ["label", "--data", str(msc_few), "--out", str(tmp_path), "--plan",
+def test_cli_plan_on_msc_shows_the_listwise_saving(msc_small: Path, tmp_path: Path):
+    res = CliRunner().invoke(app, ["label", "--data", str(msc_small), "--out", str(tmp_path), "--plan",
                                    "--judge", "llm", "--judge-mode", "listwise", "--throughput", "2500"])
     assert res.exit_code == 0, res.output
     assert "| listwise (chosen) |" in res.output and "GPU-hours @ 2500 tok/s" in res.output

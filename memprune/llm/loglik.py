@@ -117,15 +117,12 @@ class LoglikScorer:
         import inspect
 
         import torch
-        from transformers import AutoModelForCausalLM
 
-        if num_threads:
-            torch.set_num_threads(num_threads)
+        from memprune.llm.hf_engine import load_causal_lm
+
         self.torch = torch
         self.device = device
-        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=trust_remote_code,
-                                                          dtype=torch_dtype).to(device).eval()
+        self.model = load_causal_lm(model, trust_remote_code, device, dtype, num_threads)
         self.keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     def _score(self, seqs: list[tuple[list[int], int]]) -> list[float]:
@@ -239,7 +236,6 @@ def _finish(batch: pa.Table) -> pa.Table:
 
 def _engine(ds: Any, config: LLMConfig, replicas: int) -> Any:
     """Send tokenized state rows through the configured engine; returns `_SCORED` rows."""
-    import ray
 
     wait_for_replicas(ds, config)
     if config.engine == "vllm":
@@ -253,17 +249,10 @@ def _engine(ds: Any, config: LLMConfig, replicas: int) -> Any:
             postprocess=vllm_loglik_postprocess, preprocess_map_kwargs=_map_kwargs(config) or None,
             postprocess_map_kwargs=_map_kwargs(config) or None)
         return processor(ds).map_batches(_scored, batch_format="pyarrow", **_map_kwargs(config))
-    gpu = config.accelerator == "gpu"
-    resources: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": config.cpus_per_replica}
-    if config.env:
-        resources["runtime_env"] = {"env_vars": dict(config.env)}
-    return ds.map_batches(
-        LoglikScorer,
-        fn_constructor_kwargs={"model": config.model, "trust_remote_code": config.trust_remote_code,
-                               "device": "cuda" if gpu else "cpu", "dtype": config.dtype,
-                               "num_threads": None if gpu else max(1, int(config.cpus_per_replica))},
-        compute=ray.data.ActorPoolStrategy(size=replicas), batch_size=config.batch_size, batch_format="pyarrow",
-        **resources)
+    from memprune.llm.hf_engine import hf_actor_kwargs, hf_pool_kwargs
+
+    return ds.map_batches(LoglikScorer, fn_constructor_kwargs=hf_actor_kwargs(config),
+                          **hf_pool_kwargs(config, replicas))
 
 
 def run_loglik(ds: Any, config: LLMConfig, replicas: int | None = None) -> Any:

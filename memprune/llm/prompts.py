@@ -120,20 +120,25 @@ def render_context(row: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
-    """The judge prompt for one (bullet, context, target) row."""
-    for key in ("bullet", "target"):
-        value = row.get(key)
-        if not isinstance(value, str) or not value.strip():
-            raise PromptError(f"field {key!r} must be a non-empty string, got {value!r}")
+def _judged_dialogue(row: Mapping[str, Any]) -> dict[str, str]:
+    """The placeholders every judge prompt shares: the context before the target, the target and its speaker."""
+    target = row.get("target")
+    if not isinstance(target, str) or not target.strip():
+        raise PromptError(f"field 'target' must be a non-empty string, got {target!r}")
     lines = render_context(row)
-    values = {
+    return {
         "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
         "target_speaker": escape(row.get("target_speaker")),
-        "target": escape(row["target"]),
-        "bullet": escape(row["bullet"]),
+        "target": escape(target),
     }
-    return template.render(values)
+
+
+def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The judge prompt for one (bullet, context, target) row."""
+    bullet = row.get("bullet")
+    if not isinstance(bullet, str) or not bullet.strip():
+        raise PromptError(f"field 'bullet' must be a non-empty string, got {bullet!r}")
+    return template.render({**_judged_dialogue(row), "bullet": escape(bullet)})
 
 
 def listwise_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
@@ -144,17 +149,8 @@ def listwise_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[
     for i, b in enumerate(bullets):
         if not isinstance(b, str) or not b.strip():
             raise PromptError(f"field 'bullets' item {i} must be a non-empty string, got {b!r}")
-    target = row.get("target")
-    if not isinstance(target, str) or not target.strip():
-        raise PromptError(f"field 'target' must be a non-empty string, got {target!r}")
-    lines = render_context(row)
-    values = {
-        "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
-        "target_speaker": escape(row.get("target_speaker")),
-        "target": escape(target),
-        "bullets": "\n".join(f'<bullet id="{i}">{escape(b)}</bullet>' for i, b in enumerate(bullets, 1)),
-    }
-    return template.render(values)
+    listed = "\n".join(f'<bullet id="{i}">{escape(b)}</bullet>' for i, b in enumerate(bullets, 1))
+    return template.render({**_judged_dialogue(row), "bullets": listed})
 
 
 def turn_labels(turns: Sequence[Mapping[str, Any]]) -> dict[str, str]:
