@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from tiny_llm import TinyOpenAIServer, build_tiny_llm, two_session_corpus
+from tiny_llm import TinyOpenAIServer, build_tiny_llm, direct_gain, two_session_corpus
 
 from memprune.io import read_table
 from memprune.label import LabelConfig, run_label
@@ -179,34 +179,6 @@ def test_hf_listwise_consensus_of_samples_falls_back_to_pairwise(ray_local, tiny
             assert p["score"] == pytest.approx(np.mean(scored))
 
 
-def _direct_gain(model_dir: str, corpus: Path, bullet: str, target_pos: int) -> float:
-    """The likelihood gain of one pair computed here with transformers alone (an independent check)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from memprune.llm import load_template
-    from memprune.llm.prompts import reply_messages
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    turns = read_table(corpus / "sessions.parquet", "sessions").to_pylist()[1]["turns"]
-    context = [{"speaker": t["speaker"], "text": t["text"]} for t in turns[max(0, target_pos - 4):target_pos]]
-    target = turns[target_pos]
-    template = load_template("reply_v1", "loglik")
-
-    def mean_logprob(memory: list) -> float:
-        msgs = reply_messages({"context": context, "memory": memory, "target_speaker": target["speaker"]}, template)
-        prefix = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
-                     add_special_tokens=False)["input_ids"]
-        tail = tok(target["text"], add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([prefix + tail])
-        with torch.inference_mode():
-            logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
-        return float(sum(logp[len(prefix) + k - 1, t] for k, t in enumerate(tail))) / len(tail)
-
-    return mean_logprob([{"text": bullet, "speaker": "A"}]) - mean_logprob([])
-
-
 def test_hf_likelihood_consensus_of_two_judges_with_agreement_and_resume(ray_local, tiny_llm: str, corpus: Path,
                                                                         tmp_path: Path):
     other = str(build_tiny_llm(tmp_path / "tiny-seed1", seed=1))
@@ -241,7 +213,7 @@ def test_hf_likelihood_consensus_of_two_judges_with_agreement_and_resume(ray_loc
     # the gain of one pair, recomputed with transformers alone, maps to the judge's score
     from memprune.label.likelihood import gain_to_score
 
-    gain = _direct_gain(tiny_llm, corpus, "fact one", target_pos=3)
+    gain = direct_gain(tiny_llm, corpus, "fact one", target_pos=3)
     first = [r for r in long if r["bullet_id"] == "c:s1:b1" and r["turn_id"] == "c:s2:t3"
              and "#j" not in r["judge"] and r["judge"] == summary["judges"][0]]
     assert first and first[0]["score"] == pytest.approx(float(gain_to_score(np.array([gain]))[0]), abs=1e-6)

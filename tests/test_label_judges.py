@@ -183,7 +183,7 @@ def test_cli_plan_on_msc_shows_the_listwise_saving(msc_small: Path, tmp_path: Pa
     res = CliRunner().invoke(app, ["label", "--data", str(msc_small), "--out", str(tmp_path), "--plan",
                                    "--judge", "llm", "--judge-mode", "listwise", "--throughput", "2500"])
     assert res.exit_code == 0, res.output
-    assert "| listwise (chosen) |" in res.output and "GPU-hours @ 2500 tok/s" in res.output
+    assert "| listwise (chosen) |" in res.output and "GPU-hours @ 2500 / 2500 tok/s" in res.output
     plan_json = json.loads((tmp_path / "plan.json").read_text())
     assert plan_json["tokenizer"].startswith("all-MiniLM-L6-v2 (fallback: no judge model given")
     assert plan_json["listwise_saving"] >= 5.0  # the bar: at least 5x fewer prompt tokens per pair
