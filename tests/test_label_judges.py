@@ -166,6 +166,21 @@ def test_plan_counts_match_whole_prompt_tokenization(plan, tiny_llm: str):
         stats.add(t)
     assert stats.calls == 3 and 0 < stats.reusable < stats.tokens and stats.reusable % 16 == 0
 
+    # a prompt budget cuts lists into chunks that fit: every chunk's prompt counts at most the budget
+    from memprune.label.cost import list_budget, listwise_prompts
+
+    groups = target_groups(plan)
+    template = load_template("judge_listwise_v1", "listwise")
+    whole = build_lists(plan, groups, 0, 20, 1)
+    sizes = counter.count(list(listwise_prompts(plan, whole, groups, counter, template)))
+    budget = int(np.median(sizes))  # about half of the turns' lists no longer fit whole
+    fits = list_budget(plan, groups, counter, template, budget, None, 16)
+    cut = build_lists(plan, groups, 0, 20, 1, fits)
+    assert len(cut) > len(whole)
+    cut_sizes = counter.count(list(listwise_prompts(plan, cut, groups, counter, template)))
+    over = [len(lst.positions) for lst, n in zip(cut, cut_sizes) if n > budget + 2]  # estimate: within a token or two
+    assert all(k == 1 for k in over)  # only a bullet whose turn alone is over the budget stands over it
+
     cost = CostOptions(throughput=1000.0, decode_throughput=100.0)
     modes = {m: plan_mode(m, plan, counter, None, ListwiseOptions(), cost) for m in ("pairwise", "listwise", "likelihood")}
     pw, lw, lk = modes["pairwise"], modes["listwise"], modes["likelihood"]
