@@ -3,6 +3,7 @@
     python bench/label_bench.py                       # similarity (local + ray) and hf/tiny
     python bench/label_bench.py --vllm-model PATH     # + vllm vs vLLM's own LLM.generate (CUDA + vllm)
     python bench/label_bench.py --vllm-cpu            # the vllm comparison on CPU (vllm-cpu, tiny model)
+    python bench/label_bench.py --vllm-cpu --skip-similarity --skip-hf --skip-vllm-compare --replicas 1,2
 
 Sections:
 1. `similarity` judge, the whole `memprune label` stage on the MSC valid split (fresh work
@@ -12,6 +13,10 @@ Sections:
 3. `vllm` engine through `run_llm` (ray.data.llm) against vLLM's offline `LLM.generate` on
    the same rendered prompts and sampling; the ratio memprune / vLLM is the figure that
    matters. Runs when CUDA and vLLM are present (or with `--vllm-cpu`).
+4. `--replicas 1,2`: the whole `memprune label` stage with the LLM judges of `--replica-judge`
+   (pairwise, listwise, likelihood) on the `vllm` engine with 1, 2, ... engine replicas (one per
+   GPU, or per 0.5-CPU bundle with `--vllm-cpu`) on the pairs of `--replica-conversations`
+   conversations; pairs/s includes the engine start of each run (one pass, no retries).
 
 Prints one line per measurement and a JSON summary (also written with `--json PATH`).
 Speed figures depend on the machine and its load; nothing here asserts a speed.
@@ -148,6 +153,29 @@ def bench_vllm_offline(rows: list[dict[str, Any]], config: Any) -> dict[str, Any
             "pairs_per_s_with_init": round(len(rows) / (t2 - t0), 2), "tokens_out": n_out}
 
 
+def bench_replicas(data: Path, tmp: Path, base: str, model: str, replicas: int, judge: str) -> dict[str, Any]:
+    """The label stage on the vllm engine with `replicas` replicas, fresh output dir, one shard, no retries."""
+    from memprune.label import LabelConfig, run_label
+
+    kind = {"judge": "likelihood"} if judge == "likelihood" else {"judge": "llm", "judge_mode": judge}
+    cfg = LabelConfig(data=data, out=tmp / f"replicas-{judge}-{replicas}", llm_config=base, shard_size=1_000_000,
+                      llm_overrides=[f"model={model}", f"concurrency={replicas}", "max_retries=0"], progress=True,
+                      **kind)
+    s = run_label(cfg)
+    t = s["throughput"]
+    served = (s.get("likelihood") or {}).get("replicas_served_per_pass")
+    return {"judge": s["judge"], "replicas": replicas, "pairs": s["counts"]["pairs"],
+            "pairs_scored": s["counts"]["pairs_scored"], "judge_s": t["judge_s"], "pairs_per_s": t["pairs_per_s"],
+            "replicas_served_per_pass": served, "llm_calls": s["cost"]["measured"]["llm_calls"]}
+
+
+def emit(results: dict[str, Any], path: str | None) -> None:
+    """Print the JSON summary, and write it to `path` when given."""
+    print(json.dumps(results, indent=2))
+    if path:
+        Path(path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", help="An ingested MSC directory (default: ingest ../shared MSC valid now).")
@@ -161,6 +189,11 @@ def main() -> int:
     ap.add_argument("--vllm-model", help="Model for the vllm comparison (default: the tiny random model).")
     ap.add_argument("--vllm-pairs", type=int, default=2000, help="Pairs for the vllm comparison.")
     ap.add_argument("--vllm-cpu", action="store_true", help="Run the vllm comparison on CPU (vllm-cpu).")
+    ap.add_argument("--skip-vllm-compare", action="store_true", help="Skip section 3 (memprune vs LLM.generate).")
+    ap.add_argument("--replicas", default="", help="vllm engine replica counts to compare, e.g. 1,2.")
+    ap.add_argument("--replica-judge", default="pairwise,likelihood",
+                    help="Comma list of judges for the replica runs: pairwise, listwise, likelihood.")
+    ap.add_argument("--replica-conversations", type=int, default=4, help="Conversations for the replica runs.")
     ap.add_argument("--json", help="Also write the summary JSON here.")
     args = ap.parse_args()
 
@@ -175,16 +208,15 @@ def main() -> int:
                 print(f"similarity/{ex}: {r['pairs']} pairs, {r['texts']} texts encoded once, "
                       f"{r['pairs_per_s']} pairs/s ({r['texts_per_s']} texts/s), wall {r['wall_s']} s", flush=True)
 
-        need_llm = not args.skip_hf or args.vllm_model or args.vllm_cpu
+        need_llm = not args.skip_hf or args.vllm_model or args.vllm_cpu or args.replicas
         tiny = None
         if need_llm:
-            import ray
             from tiny_llm import build_tiny_llm
 
             from memprune.llm import LLMConfig
+            from memprune.runtime import ensure_ray
 
-            if not ray.is_initialized():
-                ray.init(include_dashboard=False, log_to_driver=False)
+            ensure_ray()  # a local instance of our own, never another process's cluster
             tiny = str(build_tiny_llm(tmp / "tiny-llm"))
         if not args.skip_hf:
             cfg = LLMConfig.from_yaml(REPO / "configs" / "llm" / "hf-tiny-cpu.yaml", [f"model={tiny}"])
@@ -195,7 +227,7 @@ def main() -> int:
 
         cuda = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()
         has_vllm = importlib.util.find_spec("vllm") is not None
-        if (cuda or args.vllm_cpu) and has_vllm:
+        if (cuda or args.vllm_cpu) and has_vllm and not args.skip_vllm_compare:
             base = "vllm-cpu.yaml" if args.vllm_cpu or not cuda else "vllm-gpu.yaml"
             model = args.vllm_model or tiny
             cfg = LLMConfig.from_yaml(REPO / "configs" / "llm" / base, [f"model={model}", "max_retries=0"])
@@ -209,14 +241,25 @@ def main() -> int:
                   f"vLLM LLM.generate: {ref['pairs_per_s_generate']} pairs/s ({ref['pairs_per_s_with_init']} "
                   f"with engine init); ratio {ratio['vs_generate']} ({ratio['vs_generate_with_init']} with init)",
                   flush=True)
-        else:
+        elif not args.replicas:
             reason = "no CUDA" if not cuda else "vLLM not installed"
             results["vllm"] = {"skipped": reason}
             print(f"vllm comparison skipped: {reason} (use --vllm-cpu to run it on CPU)", flush=True)
 
-    print(json.dumps(results, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        counts = [int(r) for r in args.replicas.split(",") if r]
+        if counts and (cuda or args.vllm_cpu) and has_vllm:
+            base = str(REPO / "configs" / "llm" / ("vllm-cpu.yaml" if args.vllm_cpu or not cuda else "vllm-gpu.yaml"))
+            sample = ingested_msc(argparse.Namespace(data=str(data), msc_raw=args.msc_raw,
+                                                     conversations=args.replica_conversations), tmp / "replica-data")
+            runs = [bench_replicas(sample, tmp, base, args.vllm_model or tiny, n, judge)
+                    for judge in args.replica_judge.split(",") if judge for n in counts]
+            results["replicas"] = runs
+            for r in runs:
+                print(f"vllm {r['judge']} with {r['replicas']} replica(s): {r['pairs']} pairs, {r['pairs_per_s']} pairs/s "
+                      f"(judge {r['judge_s']} s, engine start included; replicas that served: "
+                      f"{r['replicas_served_per_pass'] or 'n/a'})", flush=True)
+
+    emit(results, args.json)
     return 0
 
 

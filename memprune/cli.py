@@ -186,7 +186,25 @@ def label(
     usage_log: Optional[Path] = typer.Option(None, "--usage-log", help="usage: log file (.parquet/.jsonl) or dir of them."),
     qa_grading: Optional[str] = typer.Option(None, "--qa-grading", help="qa: binary (default) or graded (by citing questions)."),
     qa_later_only: bool = typer.Option(False, "--qa-later-only", help="qa: count only questions reaching a later session."),
-    judge: Optional[str] = typer.Option(None, "--judge", help="llm (the paper's judge) or similarity (a CPU proxy; default)."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="llm (the paper's judge), likelihood (log-prob gain) or "
+                                                               "similarity (a CPU proxy; default)."),
+    judge_mode: Optional[str] = typer.Option(None, "--judge-mode", help="llm: pairwise (one prompt per pair; default) "
+                                                                         "or listwise (one per target turn)."),
+    listwise_orders: Optional[int] = typer.Option(None, "--listwise-orders", help="listwise: score each list in N orders "
+                                                                                   "(2 = also reversed) [default: 1]."),
+    judge_set: Optional[str] = typer.Option(None, "--judge-set", help="Comma list of LLM config files: a consensus of "
+                                                                       "these judges."),
+    judge_samples: Optional[int] = typer.Option(None, "--judge-samples", help="llm: score each pair k times (consensus)."),
+    judge_temperature: Optional[float] = typer.Option(None, "--judge-temperature",
+                                                      help="Temperature of --judge-samples [default: 0.7]."),
+    plan: bool = typer.Option(False, "--plan", help="Only count calls, tokens and GPU-hours of each judge mode "
+                                                    "(tokenizer only, no model run)."),
+    throughput: Optional[float] = typer.Option(None, "--throughput", help="--plan/cost: GPU prompt (prefill) "
+                                                                           "tokens/s, for GPU-hours."),
+    decode_throughput: Optional[float] = typer.Option(None, "--decode-throughput", help="--plan/cost: GPU generated "
+                                                      "tokens/s [default: --throughput]."),
+    plan_tokenizer: Optional[str] = typer.Option(None, "--plan-tokenizer", help="Fallback tokenizer (dir or "
+                                                 "tokenizer.json) when the judge model's is not local [default: MiniLM]."),
     speaker: Optional[str] = typer.Option(None, "--speaker", help="Target turns: all (default), same or other speaker than the bullet's."),
     context: Optional[int] = typer.Option(None, "--context", help="Turns of dialogue context before each target (llm; default 4)."),
     horizon: Optional[int] = typer.Option(None, "--horizon", help="Sessions ahead that give credit (default 1 = next only)."),
@@ -209,7 +227,16 @@ def label(
         "decay": decay, "aggregation": aggregation, "shard_size": shard_size, "similarity.model": model,
         "similarity.executor": executor, "llm_config": llm_config, "source": source, "usage.log": usage_log,
         "qa.grading": qa_grading, "qa.later_only": True if qa_later_only else None,
+        "judge_mode": judge_mode, "listwise.orders": listwise_orders, "judge_set": _csv(judge_set),
+        "judge_samples": judge_samples, "judge_temperature": judge_temperature, "plan": True if plan else None,
+        "cost.throughput": throughput, "cost.decode_throughput": decode_throughput, "cost.tokenizer": plan_tokenizer,
         "progress": False if no_progress else None}, llm_set)
+    if summary["stage"] == "label-plan":
+        from memprune.label.report import render_plan
+
+        sys.stdout.write(render_plan(summary))
+        console.print(f"plan -> {cfg.out}/plan.json, {cfg.out}/plan.md", highlight=False)
+        return
     c, t = summary["counts"], summary["throughput"]
     if summary["source"] != "judge":
         extra = f", {c['events_rejected']} usage events rejected" if summary["source"] == "usage" else ""
@@ -219,6 +246,11 @@ def label(
     console.print(f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {c['pairs']} pairs "
                   f"({c['pairs_error']} errors, {c['bullets_unlabelled']} unlabelled) with {summary['judge']}; "
                   f"{t['pairs_per_s']} pairs/s, {t['wall_s']} s -> {cfg.out}", highlight=False)
+    if "cost" in summary:
+        m = summary["cost"]["measured"]
+        console.print(f"cost: {m['llm_calls']} LLM calls, {m['prompt_tokens']} prompt + {m['generated_tokens']} "
+                      f"generated tokens ({m['prompt_tokens_per_labelled_pair'] or 0:.1f} prompt tokens per labelled "
+                      f"pair)", highlight=False)
 
 
 def _label_weights(items: Optional[list[str]]) -> Optional[dict[str, float]]:
@@ -242,6 +274,8 @@ def train(
     data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
     labels: Optional[list[Path]] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet (`memprune label`); repeat to mix tables."),
     label_weight: Optional[list[str]] = typer.Option(None, "--label-weight", help="SOURCE=W loss weight per label source, e.g. qa=5 (repeatable)."),
+    label_weight_by: Optional[str] = typer.Option(None, "--label-weight-by", help="none (default) or agreement: also "
+                                                  "weigh rows by the judges' agreement (consensus labels)."),
     folds: Optional[int] = typer.Option(None, "--folds", help="k-fold by conversation: OUT/fold<i>/, pooled evaluation."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: <stage>/seed<k>/, run.json, train.md."),
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of vanilla,stage1,stage2 (default all)."),
@@ -262,7 +296,8 @@ def train(
         fail(f"--seeds {seeds!r}: give comma-separated integers")
     cfg, summary = run_stage(TrainConfig, run, config, set_, {
         "data": data, "labels": labels or None, "out": out, "encoder": encoder, "ray.num_workers": workers,
-        "folds": folds, "stages": _csv(stages), "seeds": seed_values, "label_weights": _label_weights(label_weight)})
+        "folds": folds, "stages": _csv(stages), "seeds": seed_values, "label_weights": _label_weights(label_weight),
+        "label_weight_by": label_weight_by})
     for stage, entry in summary["stage_summary"].items():
         mse = entry.get("val_mse", {})
         console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"

@@ -18,6 +18,7 @@ from memprune.encoders import canonical_encoder, model_label, resolve_encoder
 from memprune.errors import MemPruneError
 
 Counter = Callable[[Sequence[str]], np.ndarray]
+Encoder = Callable[[Sequence[str]], list[list[int]]]
 DEFAULT_UNIT = "encoder"
 
 
@@ -36,17 +37,30 @@ def tokenizer_file(spec: str | Path) -> Path:
     return file / "tokenizer.json" if file.is_dir() else file
 
 
-def _backend_counter(backend: object) -> Counter:
-    """Tokens per text under a `tokenizers.Tokenizer`, without special tokens, truncation or padding."""
+def backend_encoder(backend: object) -> Encoder:
+    """Token ids per text under a `tokenizers.Tokenizer`, without special tokens, truncation or padding.
+
+    Special tokens written in the text (a chat template's `<|user|>`) are still recognised as such.
+    """
     backend = copy.deepcopy(backend)
     backend.no_truncation()  # type: ignore[attr-defined]
     backend.no_padding()  # type: ignore[attr-defined]
 
-    def count(texts: Sequence[str]) -> np.ndarray:
+    def encode(texts: Sequence[str]) -> list[list[int]]:
         if not len(texts):
-            return np.zeros(0, dtype=np.int64)
-        enc = backend.encode_batch(list(texts), add_special_tokens=False)  # type: ignore[attr-defined]
-        return np.fromiter((len(e.ids) for e in enc), dtype=np.int64, count=len(enc))
+            return []
+        return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]  # type: ignore[attr-defined]
+
+    return encode
+
+
+def _backend_counter(backend: object) -> Counter:
+    """Tokens per text under a `tokenizers.Tokenizer`, without special tokens, truncation or padding."""
+    encode = backend_encoder(backend)
+
+    def count(texts: Sequence[str]) -> np.ndarray:
+        ids = encode(texts)
+        return np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
 
     return count
 

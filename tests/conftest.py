@@ -28,6 +28,25 @@ def msc_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def msc_small(msc_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 5 conversations of the real MSC validation split, as ingested tables (built once)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from memprune.ingest import ingest
+    from memprune.io import read_table, write_table
+
+    full = tmp_path_factory.mktemp("msc_full")
+    ingest("msc", msc_dir, full, split="valid")
+    sessions, bullets = read_table(full / "sessions.parquet", "sessions"), read_table(full / "bullets.parquet", "bullets")
+    keep = pa.array(sorted(set(sessions.column("conversation_id").to_pylist()))[:5])
+    out = tmp_path_factory.mktemp("msc_small")
+    write_table(sessions.filter(pc.is_in(sessions.column("conversation_id"), keep)), out / "sessions.parquet", "sessions")
+    write_table(bullets.filter(pc.is_in(bullets.column("conversation_id"), keep)), out / "bullets.parquet", "bullets")
+    return out
+
+
+@pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES
 

@@ -180,7 +180,7 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
         ("label-usage-no-log", [*label, "--source", "usage"], "usage", o),
         ("label-usage-missing-log", [*label, "--source", "usage", "--usage-log", str(r / "nolog.jsonl")], "nolog", o),
         ("label-qa-no-table", [*label, "--source", "qa"], "qa.parquet", o),
-        ("label-unknown-key", [*label, "--set", "judge_temperature=1"], "judge_temperature", o),
+        ("label-unknown-key", [*label, "--set", "judge_temprature=1"], "judge_temprature", o),
         ("label-out-file", ["label", "--data", corpus, "--out", afile], "a-file", None),
         # train
         ("train-missing-data", ["train", "--data", str(r / "missing"), "--labels", labels, "--out", o], "missing", o),

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -22,29 +21,18 @@ from typer.testing import CliRunner
 from memprune import schema
 from memprune.cli import app
 from memprune.config import load_config
-from memprune.io import read_table, write_table
+from memprune.io import read_table
 from memprune.label import ALL_PAIRS_FAILED, LabelConfig, aggregate, run_label
 from memprune.label.similarity import SimilarityJudge, cosine_to_score
 from memprune.runtime import run_job
 
 REPO = Path(__file__).resolve().parents[1]
-N_CONVERSATIONS = 5
 
 
 @pytest.fixture(scope="module")
-def small_msc(msc_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first conversations of the real MSC validation split, as ingested tables."""
-    from memprune.ingest import ingest
-
-    full = tmp_path_factory.mktemp("msc_full")
-    ingest("msc", msc_dir, full, split="valid")
-    sessions = read_table(full / "sessions.parquet", "sessions")
-    bullets = read_table(full / "bullets.parquet", "bullets")
-    keep = pa.array(sorted(set(sessions.column("conversation_id").to_pylist()))[:N_CONVERSATIONS])
-    out = tmp_path_factory.mktemp("msc_small")
-    write_table(sessions.filter(pc.is_in(sessions.column("conversation_id"), keep)), out / "sessions.parquet", "sessions")
-    write_table(bullets.filter(pc.is_in(bullets.column("conversation_id"), keep)), out / "bullets.parquet", "bullets")
-    return out
+def small_msc(msc_small: Path) -> Path:
+    """The first conversations of the real MSC validation split, as ingested tables (tests/conftest.py)."""
+    return msc_small
 
 
 @pytest.fixture(scope="module")
@@ -274,21 +262,9 @@ def _scripted(body: dict) -> str:
 
 
 def _llm_corpus(root: Path) -> Path:
-    def turns(k: int, words: list[str]) -> list[dict]:
-        return [{"turn_id": schema.turn_id("c", k, i), "speaker": "AB"[i % 2], "text": w} for i, w in enumerate(words)]
+    from tiny_llm import two_session_corpus
 
-    sessions = [{"conversation_id": "c", "session_index": 1, "speakers": ["A", "B"],
-                 "turns": turns(1, ["hi", "hello", "bye"]), "time": None},
-                {"conversation_id": "c", "session_index": 2, "speakers": ["A", "B"],
-                 "turns": turns(2, ["alpha", "beta", "gamma"]), "time": None}]
-    bullets = [{"bullet_id": schema.bullet_id("c", k, i), "conversation_id": "c", "session_index": k, "speaker": "A",
-                "text": text, "evidence": []}
-               for k, texts in ((1, ["fact zero", "fact one", "fact two"]), (2, ["fact three"]))
-               for i, text in enumerate(texts)]
-    root.mkdir(parents=True, exist_ok=True)
-    write_table(pa.Table.from_pylist(sessions, schema=schema.SESSIONS), root / "sessions.parquet", "sessions")
-    write_table(pa.Table.from_pylist(bullets, schema=schema.BULLETS), root / "bullets.parquet", "bullets")
-    return root
+    return two_session_corpus(root, ["fact zero", "fact one", "fact two"], ["alpha", "beta", "gamma"])
 
 
 @pytest.mark.slow

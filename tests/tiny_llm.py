@@ -307,3 +307,64 @@ def check_judge_output(rows: list[dict], out: list[dict], max_attempts: int) -> 
         else:
             assert got["score"] is None
     return by_id
+
+
+# ---------------------------------------------------------------- a tiny two-session corpus for the label tests
+
+
+def two_session_corpus(root, bullets_s1: list[str], turns_s2: list[str], bullets_s2: list[str] = ("fact three",),
+                       turns_s1: list[str] = ("hi", "hello", "bye")):
+    """`sessions.parquet` / `bullets.parquet` of one conversation `c`: bullets of session 1 are paired with the turns
+    of session 2 (speakers alternate A, B); session 2's bullets have no next session."""
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    from memprune import schema
+    from memprune.io import write_table
+
+    def turns(k: int, words) -> list[dict]:
+        return [{"turn_id": schema.turn_id("c", k, i), "speaker": "AB"[i % 2], "text": w} for i, w in enumerate(words)]
+
+    sessions = [{"conversation_id": "c", "session_index": 1, "speakers": ["A", "B"], "turns": turns(1, turns_s1),
+                 "time": None},
+                {"conversation_id": "c", "session_index": 2, "speakers": ["A", "B"], "turns": turns(2, turns_s2),
+                 "time": None}]
+    bullets = [{"bullet_id": schema.bullet_id("c", k, i), "conversation_id": "c", "session_index": k, "speaker": "A",
+                "text": text, "evidence": []}
+               for k, texts in ((1, bullets_s1), (2, bullets_s2)) for i, text in enumerate(texts)]
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    write_table(pa.Table.from_pylist(sessions, schema=schema.SESSIONS), root / "sessions.parquet", "sessions")
+    write_table(pa.Table.from_pylist(bullets, schema=schema.BULLETS), root / "bullets.parquet", "bullets")
+    return root
+
+
+def direct_gain(model_dir: str, corpus: Path, bullet: str, target_pos: int) -> float:
+    """The likelihood gain of a bullet (speaker A) for turn `target_pos` of session 2 of `corpus`, computed with
+    transformers alone (an independent check of the likelihood judge; 4 turns of context)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memprune.io import read_table
+    from memprune.llm import load_template
+    from memprune.llm.prompts import reply_messages
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    turns = read_table(corpus / "sessions.parquet", "sessions").to_pylist()[1]["turns"]
+    context = [{"speaker": t["speaker"], "text": t["text"]} for t in turns[max(0, target_pos - 4):target_pos]]
+    target = turns[target_pos]
+    template = load_template("reply_v1", "loglik")
+
+    def mean_logprob(memory: list) -> float:
+        msgs = reply_messages({"context": context, "memory": memory, "target_speaker": target["speaker"]}, template)
+        prefix = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+                     add_special_tokens=False)["input_ids"]
+        tail = tok(target["text"], add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prefix + tail])
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        return float(sum(logp[len(prefix) + k - 1, t] for k, t in enumerate(tail))) / len(tail)
+
+    return mean_logprob([{"text": bullet, "speaker": "A"}]) - mean_logprob([])

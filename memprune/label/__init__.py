@@ -5,10 +5,14 @@
 
 - `config`: `LabelSettings` / `LabelConfig` (validated once).
 - `pairs`: bullets of session t x turns of the sessions after it (pure).
-- `similarity` / `llm_judge`: the judges (CPU proxy / the paper's LLM judge), in resumable shards.
+- `similarity` / `llm_judge` / `listwise` / `likelihood`: the judges (CPU proxy / the paper's pairwise
+  LLM judge / one prompt per target turn / log-probability gain), in resumable shards (`shards`).
+- `judges` runs the model judges; `consensus` + `agreement`: several judges, their mean, spread and
+  agreement (Spearman, Krippendorff's alpha).
+- `cost`: calls, tokens, prefix-cache reuse and GPU-hours (`--plan`, and `label.json` -> `cost`).
 - `aggregate`: pairs -> labels (max or mean, horizon decay).
 - `sources`: labels from QA evidence or a usage log instead of a judge (pure).
-- `stage`: `run(cfg)`; `report`: label.md.
+- `stage`: `run(cfg)`; `summary`: label.json; `report`: label.md and plan.md.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.label.pairs import PairOptions
 
-DEFAULT_SHARD_SIZE = {"similarity": 4096, "llm": 4096}
+DEFAULT_SHARD_SIZE = {"similarity": 4096, "llm": 4096, "likelihood": 4096}
+JUDGE_MODES = ("pairwise", "listwise")
 
 
 class LabelError(MemPruneError):
@@ -33,6 +34,38 @@ class SimilarityOptions(ConfigModel):
     device: str = "cpu"
     executor: Literal["local", "ray"] = Field("local", description="Encode shards in-process or on a Ray Data actor pool.")
     actors: int = Field(2, ge=1, description="Actor pool size for executor=ray.")
+
+
+class ListwiseOptions(ConfigModel):
+    """judge=llm, judge_mode=listwise: one prompt per target turn listing its bullets (`memprune.label.listwise`)."""
+
+    orders: int = Field(1, ge=1, le=4, description="score each list in this many orders (2: also reversed)")
+    seed: int = Field(0, description="seed of the per-turn shuffle of the bullets (position-bias control)")
+    max_bullets: int = Field(20, ge=1, description="bullets per list; longer lists are split into chunks")
+    max_prompt_tokens: int | None = Field(
+        None, ge=64, description="prompt token budget of one list; None: the judge's max_model_len minus the output")
+    tokens_per_bullet: int = Field(16, ge=4, description="generated-token budget per listed bullet (+ 8 per list)")
+
+
+class LikelihoodOptions(ConfigModel):
+    """judge=likelihood: gain = mean log p(turn | context, bullet) - mean log p(turn | context) (nats/token)."""
+
+    mapping: Literal["tanh", "sigmoid"] = Field(
+        "tanh", description="gain -> [0, 1]: tanh = tanh(max(gain, 0) / scale); sigmoid = 1 / (1 + exp(-gain / scale))")
+    scale: float = Field(0.25, gt=0, description="nats per token of gain that map to tanh(1) ~ 0.76 (sigmoid: 0.73)")
+
+
+class CostOptions(ConfigModel):
+    """Cost accounting and `--plan`: which tokenizer counts prompt tokens, and the throughput for GPU-hours."""
+
+    tokenizer: str | None = Field(
+        None, description="fallback tokenizer (local dir or tokenizer.json) when the judge model's is not local; "
+                          "default: the local all-MiniLM-L6-v2 tokenizer")
+    throughput: float | None = Field(
+        None, gt=0, description="GPU throughput in prompt tokens/s (prefill not served by the prefix cache)")
+    decode_throughput: float | None = Field(
+        None, gt=0, description="GPU throughput in generated tokens/s; None: the same as `throughput`")
+    block_size: int = Field(16, ge=1, description="prefix-cache block: only whole blocks of a shared prefix are reused")
 
 
 class QALabelSettings(ConfigModel):
@@ -60,7 +93,17 @@ class LabelSettings(ConfigModel):
     source: Literal["judge", "qa", "usage"] = Field("judge", description="judge (LLM/similarity), qa or usage")
     qa: QALabelSettings = Field(default_factory=QALabelSettings)
     usage: UsageLabelSettings = Field(default_factory=UsageLabelSettings)
-    judge: Literal["llm", "similarity"] = "similarity"
+    judge: Literal["llm", "similarity", "likelihood"] = "similarity"
+    judge_mode: Literal["pairwise", "listwise"] = Field(
+        "pairwise", description="llm: one prompt per pair (the paper's) or one per target turn listing its bullets")
+    listwise: ListwiseOptions = Field(default_factory=ListwiseOptions)
+    likelihood: LikelihoodOptions = Field(default_factory=LikelihoodOptions)
+    judge_set: list[Path] = Field(
+        default_factory=list, description="several LLM config files: every pair is scored by each (consensus)")
+    judge_samples: int = Field(1, ge=1, description="llm: score every pair k times at judge_temperature (consensus)")
+    judge_temperature: float = Field(0.7, gt=0, description="temperature of the judge_samples samples")
+    cost: CostOptions = Field(default_factory=CostOptions)
+    plan: bool = Field(False, description="only compute calls, tokens and GPU-hours of the judge modes (no model run)")
     speaker: Literal["all", "same", "other"] = "all"
     context_turns: int = Field(4, ge=0)
     horizon: int = Field(1, ge=1)
@@ -79,8 +122,24 @@ class LabelSettings(ConfigModel):
     def _judge_settings(self) -> "LabelConfig":
         if self.source == "usage" and self.usage.log is None:
             raise ValueError("source=usage needs the usage log: set `usage.log` (CLI: --usage-log)")
-        if self.source == "judge" and self.judge == "llm" and self.llm is None and self.llm_config is None:
-            raise ValueError("judge=llm needs an LLM config: set `llm_config` (a YAML file) or an inline `llm` section")
+        model_judge = self.judge in ("llm", "likelihood")
+        if self.source == "judge" and model_judge and self.llm is None and self.llm_config is None \
+                and not self.judge_set and not self.plan:
+            raise ValueError(f"judge={self.judge} needs an LLM config: set `llm_config` (a YAML file), an inline "
+                             "`llm` section or `judge_set`")
+        if self.judge_mode == "listwise" and self.judge != "llm":
+            raise ValueError(f"judge_mode=listwise needs judge=llm (judge is {self.judge})")
+        if (self.judge_mode == "listwise" or self.judge == "likelihood") and self.order != "target":
+            raise ValueError("judge_mode=listwise and judge=likelihood group pairs by target turn: set order=target")
+        if self.judge_set and self.judge_samples > 1:
+            raise ValueError("give either judge_set (several judges) or judge_samples (one judge sampled k times)")
+        if self.judge_set and not model_judge:
+            raise ValueError(f"judge_set needs judge=llm or judge=likelihood (judge is {self.judge})")
+        if self.judge_samples > 1 and self.judge != "llm":
+            raise ValueError(f"judge_samples needs judge=llm; the {self.judge} judge is deterministic")
+        for path in self.judge_set:
+            if not Path(path).expanduser().is_file():
+                raise ValueError(f"judge_set: {path}: no such LLM config file")
         return self
 
     def pair_options(self) -> PairOptions:
@@ -95,6 +154,14 @@ class LabelSettings(ConfigModel):
         from memprune.llm import LLMConfig
 
         return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
+
+    def judge_llm_settings(self) -> list[Any]:
+        """One `LLMConfig` per judge: each `judge_set` file (+ inline `llm` and `llm_overrides`), else `llm_settings()`."""
+        from memprune.llm import LLMConfig
+
+        if not self.judge_set:
+            return [self.llm_settings()]
+        return [LLMConfig.resolve(path, self.llm, self.llm_overrides) for path in self.judge_set]
 
 
 class LabelConfig(LabelSettings):

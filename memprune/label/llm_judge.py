@@ -2,46 +2,34 @@
 utterance and says how much the bullet contributes to producing it, as a score in [0, 1].
 
 Judging runs through Ray Data (`memprune.llm.run_llm(ds, config, task="judge")`, any engine) in
-deterministic shards of pairs, each written atomically under the label work dir when done, so a
-killed run loses at most the shard in flight. Malformed outputs are retried by the LLM layer, then
-recorded as error pairs (score null, with the message), never as a default score.
+deterministic shards of pairs (`memprune.label.shards`), each written atomically under the label
+work dir when done, so a killed run loses at most the shard in flight. Malformed outputs are
+retried by the LLM layer, then recorded as error pairs (score null, with the message), never as
+a default score. With `samples = k > 1` every pair is sent k times in the same pass, sample s
+with its own seeds (`seed_offset`) at the judge temperature: k independent judgements for the
+consensus (`memprune.label.consensus`) at the cost of one engine start.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from memprune.io import atomic_path
 from memprune.label.config import LabelSettings
 from memprune.label.pairs import PairPlan, shard_bounds
+from memprune.label.shards import judged_table, run_shards
 from memprune.runtime import ensure_ray
 from memprune.work import WorkDir
 
 if TYPE_CHECKING:  # pragma: no cover
     import ray.data
 
-# One finished LLM shard under .work (`pos` indexes the judging order of the plan).
-LLM_SHARD = pa.schema(
-    [
-        pa.field("pos", pa.int64(), nullable=False),
-        pa.field("bullet_id", pa.string(), nullable=False),
-        pa.field("turn_id", pa.string(), nullable=False),
-        pa.field("score", pa.float64()),
-        pa.field("error", pa.string()),
-        pa.field("attempts", pa.int32()),
-        pa.field("tokens_in", pa.int64()),
-        pa.field("tokens_out", pa.int64()),
-        pa.field("raw", pa.string()),
-    ]
-)
+SAMPLE_SEED_STRIDE = 1000  # sample s uses seeds seed + 1000 s + attempt - 1: no two samples share a seed
+JUDGE_INPUTS = ["bullet", "context", "target", "target_speaker"]
 
 
 class LLMJudge:
@@ -69,7 +57,7 @@ class LLMJudge:
         return run_llm(ds, self.config, task="judge")
 
 
-def _check_score(score: Any, error: Any) -> tuple[float | None, str | None]:
+def check_score(score: Any, error: Any) -> tuple[float | None, str | None]:
     """A judged score in [0, 1] or an error: out-of-range or non-numeric scores become errors."""
     if error:
         return None, str(error)
@@ -84,77 +72,67 @@ def _check_score(score: Any, error: Any) -> tuple[float | None, str | None]:
     return value, None
 
 
-def _load_llm_shard(path: Path, start: int, stop: int) -> pa.Table | None:
-    """A finished LLM shard holding exactly the positions [start, stop), or None."""
-    if not path.exists():
-        return None
-    try:
-        t = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError):
-        return None
-    if t.num_rows != stop - start or not t.schema.equals(LLM_SHARD):
-        return None
-    if t.column("pos").to_pylist() != list(range(start, stop)):
-        return None
-    return t
+def sampling_override(sample: int, samples: int, temperature: float, max_tokens: int | None = None) -> str | None:
+    """The `llm_sampling` JSON of one row: sample s of k gets its own seeds and the judge temperature."""
+    extra: dict[str, Any] = {}
+    if samples > 1:
+        extra.update(seed_offset=SAMPLE_SEED_STRIDE * sample, temperature=temperature)
+    if max_tokens is not None:
+        extra["max_tokens"] = max_tokens
+    return json.dumps(extra, sort_keys=True) if extra else None
 
 
-def judge_llm(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: LLMJudge,
-               stats: dict[str, Any]) -> tuple[np.ndarray, list[str | None]]:
+def blocks(table: pa.Table, block_rows: int) -> Any:
+    """A Ray dataset of `table` cut into blocks of `block_rows`, in order, so every engine replica gets work."""
+    import ray
+
+    return ray.data.from_arrow([table.slice(s, block_rows) for s in range(0, table.num_rows, block_rows)])
+
+
+def judge_pair_rows(plan: PairPlan, keys: list[tuple[int, int]], judge: LLMJudge, samples: int, temperature: float,
+                    block_rows: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Pairwise judgements of the plan rows `keys` = [(sample, pos)]: `JUDGED` row dicts and cost counters."""
+    if not keys:
+        return [], {"calls": 0, "tokens_in": 0, "tokens_out": 0}
+    pos = [p for _, p in keys]
+    table = plan.pairs.take(pa.array(pos, pa.int64())).select(JUDGE_INPUTS)
+    table = table.append_column("pos", pa.array(pos, pa.int64()))
+    table = table.append_column("sample", pa.array([s for s, _ in keys], pa.int32()))
+    if samples > 1:
+        table = table.append_column("llm_sampling", pa.array(
+            [sampling_override(s, samples, temperature) for s, _ in keys], pa.string()))
+    rows, counters = [], {"calls": 0, "tokens_in": 0, "tokens_out": 0}
+    for batch in judge.judge(blocks(table, block_rows)).iter_batches(batch_size=None, batch_format="pyarrow"):
+        for row in batch.to_pylist():
+            score, error = check_score(row.get("score"), row.get("error"))
+            rows.append({"pos": row["pos"], "sample": row["sample"], "score": score, "error": error,
+                         "judge_mode": "pairwise", "attempts": row.get("attempts"), "tokens_in": row.get("tokens_in"),
+                         "tokens_out": row.get("tokens_out"), "raw": row.get("raw")})
+            counters["calls"] += int(row.get("attempts") or 0)
+            counters["tokens_in"] += int(row.get("tokens_in") or 0)
+            counters["tokens_out"] += int(row.get("tokens_out") or 0)
+    return rows, counters
+
+
+def judge_llm(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: LLMJudge, stats: dict[str, Any],
+              samples: int = 1) -> pa.Table:
     """Judge the pending shards through Ray Data, one `run_llm` pass per shard, each written when done.
 
-    `run_llm` materializes its retry passes, so a shard is the unit of progress: a kill loses
-    at most the shard in flight. Large shards amortise the engine start-up (vLLM) per pass.
+    Returns the `JUDGED` rows of every (sample, pair). `run_llm` materializes its retry passes,
+    so a shard is the unit of progress: a kill loses at most the shard in flight. Large shards
+    amortise the engine start-up (vLLM) per pass.
     """
-    import ray
-    from tqdm import tqdm
+    def compute(a: int, b: int) -> tuple[pa.Table, dict[str, int]]:
+        keys = [(s, p) for s in range(samples) for p in range(a, b)]
+        rows, counters = judge_pair_rows(plan, keys, judge, samples, cfg.judge_temperature, cfg.llm_block_rows)
+        return judged_table(rows), counters
 
-    n = plan.pairs.num_rows
-    bounds = shard_bounds(n, cfg.effective_shard_size())
-    paths = [work.piece("pairs", i, "parquet") for i in range(len(bounds))]
-    pending = [i for i, (a, b) in enumerate(bounds) if _load_llm_shard(paths[i], a, b) is None]
-    stats.update(shards_total=len(bounds), shards_reused=len(bounds) - len(pending))
-    t0 = time.perf_counter()
-    judged = 0
-    if pending:
-        ensure_ray()
-        base = plan.pairs.select(["bullet_id", "turn_id", "bullet", "context", "target", "target_speaker"])
-        base = base.append_column("pos", pa.array(np.arange(n, dtype=np.int64)))
-        bar = tqdm(total=sum(bounds[i][1] - bounds[i][0] for i in pending), desc="label: judge pairs",
-                   unit="pair", disable=not cfg.progress)
-        for i in pending:
-            a, b = bounds[i]
-            # several blocks per shard, in judging order, so every engine replica gets work
-            blocks = [base.slice(s, min(cfg.llm_block_rows, b - s)) for s in range(a, b, cfg.llm_block_rows)]
-            out = judge.judge(ray.data.from_arrow(blocks))
-            got: dict[int, dict[str, Any]] = {}
-            for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
-                for row in batch.select([c for c in LLM_SHARD.names if c in batch.column_names]).to_pylist():
-                    score, error = _check_score(row.get("score"), row.get("error"))
-                    row.update(score=score, error=error)
-                    got[int(row["pos"])] = row
-            missing = [p for p in range(a, b) if p not in got]
-            if missing or len(got) != b - a:
-                raise RuntimeError(f"the LLM judge returned {len(got)} rows for the {b - a} pairs of shard {i} "
-                                   f"({len(missing)} missing); finished shards are kept, rerun to retry")
-            with atomic_path(paths[i]) as tmp:
-                pq.write_table(pa.Table.from_pylist([got[p] for p in range(a, b)], schema=LLM_SHARD), tmp)
-            judged += b - a
-            bar.update(b - a)
-        bar.close()
-    stats["judge_s"] = time.perf_counter() - t0
-    stats["pairs_judged"] = judged
-    tables = []
-    for i, (a, b) in enumerate(bounds):
-        t = _load_llm_shard(paths[i], a, b)
-        if t is None:
-            raise RuntimeError(f"{paths[i]}: shard missing or inconsistent after judging")
-        tables.append(t)
-    if not tables:
-        return np.zeros(0), []
-    allt = pa.concat_tables(tables)
-    stats["tokens_in"] = pc.sum(allt.column("tokens_in")).as_py()
-    stats["tokens_out"] = pc.sum(allt.column("tokens_out")).as_py()
-    stats["attempts"] = pc.sum(allt.column("attempts")).as_py()
-    scores = allt.column("score").to_numpy(zero_copy_only=False).astype(np.float64)
-    return scores, allt.column("error").to_pylist()
+    bounds = shard_bounds(plan.pairs.num_rows, cfg.effective_shard_size())
+    table, run = run_shards(bounds, samples, work, "pairs", compute, "label: judge pairs", cfg.progress, ensure_ray)
+    stats.update(run)
+    return table
+
+
+def scores_and_errors(table: pa.Table) -> tuple[np.ndarray, list[str | None]]:
+    """The score column as floats (NaN where null) and the error column of `JUDGED` rows."""
+    return table.column("score").to_numpy(zero_copy_only=False).astype(np.float64), table.column("error").to_pylist()

@@ -194,3 +194,36 @@ def shard_bounds(n_items: int, shard_size: int) -> list[tuple[int, int]]:
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     return [(start, min(start + shard_size, n_items)) for start in range(0, n_items, shard_size)]
+
+
+def target_groups(plan: PairPlan) -> list[tuple[int, int]]:
+    """The `[start, stop)` runs of plan rows that share one target turn (listwise lists, likelihood baselines).
+
+    Needs the `target` order, where the pairs of one target turn are adjacent; a turn that comes back
+    later in the plan is a ValueError.
+    """
+    turns = plan.pairs.column("turn_id").to_pylist()
+    groups: list[tuple[int, int]] = []
+    seen: set[str] = set()
+    start = 0
+    for i in range(1, len(turns) + 1):
+        if i == len(turns) or turns[i] != turns[start]:
+            if turns[start] in seen:
+                raise ValueError(f"the pairs of turn {turns[start]!r} are not adjacent: build the plan with order=target")
+            seen.add(turns[start])
+            groups.append((start, i))
+            start = i
+    return groups
+
+
+def group_bounds(groups: list[tuple[int, int]], shard_size: int) -> list[tuple[int, int]]:
+    """Shards of whole groups: consecutive groups are joined until a shard holds at least `shard_size` pairs."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    bounds: list[tuple[int, int]] = []
+    for a, b in groups:
+        if bounds and bounds[-1][1] - bounds[-1][0] < shard_size:
+            bounds[-1] = (bounds[-1][0], b)
+        else:
+            bounds.append((a, b))
+    return bounds

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memprune.markdown import fmt
+from memprune.markdown import fmt, table, time_line
 
 
 def render_markdown(s: dict[str, Any]) -> str:
@@ -30,7 +30,73 @@ def render_markdown(s: dict[str, Any]) -> str:
         f"| labels >= 0.5 | {lab['at_least_0.5']} |",
         f"| pairs/s (this run) | {fmt(t['pairs_per_s'])} |",
         f"| wall time (s) | {t['wall_s']} |",
+        f"| time | {time_line(s['timing'])}; compute = {s['timing']['compute']} |",
         f"| counts reconcile | {s['reconciles']} |",
+        "",
+    ]
+    return "\n".join(lines + _judge_sections(s))
+
+
+def _judge_sections(s: dict[str, Any]) -> list[str]:
+    """Cost, listwise, likelihood and agreement sections of a model-judge run (when present)."""
+    lines: list[str] = []
+    if "cost" in s:
+        m, p = s["cost"]["measured"], s["cost"]["planned"]
+        lines += ["## Cost", "", f"Tokenizer of the plan: {', '.join(s['cost']['tokenizer'])}.", ""]
+        lines += table(["", "LLM calls", "prompt tokens", "generated tokens", "prompt tokens / labelled pair",
+                        "prefix-cache reusable"],
+                       [["measured (engine)", m["llm_calls"], m["prompt_tokens"], m["generated_tokens"],
+                         fmt(m["prompt_tokens_per_labelled_pair"], 1), "—"],
+                        ["planned (tokenizer)", p["calls"], p["prompt_tokens"], p["generated_tokens"],
+                         fmt(p["prompt_tokens_per_pair"], 1), fmt(p["prefix_cache_reusable_share"], 3)]])
+        lines.append("")
+    if "listwise" in s:
+        lw = s["listwise"]
+        oa = lw.get("order_agreement") or {}
+        lines += ["## Listwise", "", f"Lists sent {lw['lists_sent']}, failed after retries {lw['lists_failed']}; "
+                  f"chunks that fell back to pairwise {lw['chunks_fallback']} ({lw['pairs_fallback']} pairs). "
+                  f"Order agreement (Spearman, {oa.get('pairs', 0)} pairs): {fmt(oa.get('spearman'))}.", ""]
+    if "likelihood" in s:
+        lk = s["likelihood"]
+        g = lk["gain_nats_per_token"]
+        lines += ["## Likelihood gain", "", f"Baselines {lk['baselines']}; gain (nats/token) mean {fmt(g['mean'])}, "
+                  f"min {fmt(g['min'])}, max {fmt(g['max'])}; mapping {lk['mapping']} (scale {lk['scale']}).", ""]
+    if "agreement" in s:
+        a = s["agreement"]
+        lines += ["## Judge agreement", ""]
+        lines += table(["level", "mean Spearman", "Krippendorff's alpha (interval)", "units with every judge"],
+                       [[lvl, fmt(a[lvl]["mean_spearman"]), fmt(a[lvl]["krippendorff_alpha_interval"]),
+                         a[lvl]["units_all_judges"]] for lvl in ("pairs", "labels")])
+        lines.append("")
+    return lines
+
+
+def plan_rows(s: dict[str, Any]) -> list[list[str]]:
+    """One table row per judge mode of a `plan.json`."""
+    rows = []
+    for mode, m in s["modes"].items():
+        share = fmt(m["prefix_cache_reusable_share"], 3) if m["prefix_cache_used"] else "0 (not used)"
+        rows.append([mode + (" (chosen)" if mode == s["chosen"] else ""), f"{m['calls']:,}", f"{m['prompt_tokens']:,}",
+                     f"{m['generated_tokens']:,}", fmt(m["prompt_tokens_per_pair"], 1), share,
+                     f"{m['effective_tokens']:,}", fmt(m["gpu_hours"], 2)])
+    return rows
+
+
+def render_plan(s: dict[str, Any]) -> str:
+    """plan.md: what each judge mode would cost on this corpus (from plan.json)."""
+    tp, dtp = s["throughput_tokens_per_s"], s.get("decode_throughput_tokens_per_s")
+    at = f"{fmt(tp, 0)} / {fmt(dtp, 0)} tok/s" if tp else "— (give --throughput)"
+    lines = [
+        f"# Labeling plan: {s['pairs']:,} pairs, {s['target_turns']:,} target turns, {s['bullets']:,} bullets",
+        "",
+        f"Tokenizer: {s['tokenizer']}. Prefix cache: whole {s['block_size']}-token blocks shared with the previous "
+        "prompt. Effective tokens = prompt tokens not served from the cache + generated tokens. GPU-hours = "
+        "(uncached prompt tokens / prefill throughput + generated tokens / decode throughput) / 3600.",
+        "",
+        *table(["mode", "LLM calls", "prompt tokens", "generated tokens", "prompt tokens / pair",
+                "prefix-cache reusable", "effective tokens", f"GPU-hours @ {at}"], plan_rows(s)),
+        "",
+        f"Listwise needs {fmt(s['listwise_saving'], 1)}x fewer prompt tokens per pair than pairwise.",
         "",
     ]
     return "\n".join(lines)

@@ -21,6 +21,7 @@ from memprune.io import atomic_path
 from memprune.label.config import LabelSettings
 from memprune.label.pairs import PairPlan, shard_bounds
 from memprune.runtime import ensure_ray, plan_actors
+from memprune.timing import busy_seconds, now
 from memprune.work import WorkDir
 
 Mapping = Literal["clip", "affine"]
@@ -97,14 +98,16 @@ class SimilarityEncoder(EncoderActor):
         self.encoder.load()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        shards, blobs, dims = [], [], []
+        shards, blobs, dims, spans = [], [], [], []
         for shard, texts in zip(batch["shard"], batch["texts"]):
+            started = now()
             emb = self.encoder.encode([str(t) for t in texts])
+            spans.append([started, now()])
             shards.append(int(shard))
             blobs.append(emb.tobytes())
             dims.append(emb.shape[1])
         return {"shard": np.array(shards, dtype=np.int64), "emb": np.array(blobs, dtype=object),
-                "dim": np.array(dims, dtype=np.int64)}
+                "dim": np.array(dims, dtype=np.int64), "span": np.array(spans, dtype=np.float64)}
 
 
 def _vocab(plan: PairPlan) -> list[str]:
@@ -131,8 +134,9 @@ def _save_embedding(path: Path, emb: np.ndarray) -> None:
 
 
 def _encode_with_ray(cfg: LabelSettings, vocab: list[str], bounds: list[tuple[int, int]], pending: list[int],
-                     work: WorkDir, judge: SimilarityJudge, bar: Any) -> None:
-    """Encode the pending shards on a Ray Data actor pool; the driver writes each shard as it arrives."""
+                     work: WorkDir, judge: SimilarityJudge, bar: Any) -> list[tuple[float, float]]:
+    """Encode the pending shards on a Ray Data actor pool; the driver writes each shard as it arrives.
+    Returns the actors' encoding intervals."""
     import ray
 
     ensure_ray()
@@ -141,11 +145,14 @@ def _encode_with_ray(cfg: LabelSettings, vocab: list[str], bounds: list[tuple[in
     settings = {"model": judge.model_name, "batch_size": judge.batch_size, "max_length": judge.max_length}
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     ds = ds.map_batches(**SimilarityEncoder.map_kwargs(settings, res, batch_size=1, blocks=len(items)))
+    spans: list[tuple[float, float]] = []
     for batch in ds.iter_batches(batch_size=1, batch_format="numpy"):
-        for shard, blob, dim in zip(batch["shard"], batch["emb"], batch["dim"]):
+        for shard, blob, dim, span in zip(batch["shard"], batch["emb"], batch["dim"], batch["span"]):
             emb = np.frombuffer(blob, dtype=np.float32).reshape(-1, int(dim))
             _save_embedding(work.piece("emb", int(shard), "npy"), emb)
+            spans.append((float(span[0]), float(span[1])))
             bar.update(1)
+    return spans
 
 
 def judge_similarity(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: SimilarityJudge,
@@ -158,14 +165,18 @@ def judge_similarity(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: S
     pending = [i for i, (a, b) in enumerate(bounds) if _load_embedding(work.piece("emb", i, "npy"), b - a) is None]
     stats.update(shards_total=len(bounds), shards_reused=len(bounds) - len(pending), texts=len(vocab))
     t0 = time.perf_counter()
+    spans: list[tuple[float, float]] = []
     if pending:
         bar = tqdm(total=len(pending), desc="label: encode shards", unit="shard", disable=not cfg.progress)
         if cfg.similarity.executor == "ray":
-            _encode_with_ray(cfg, vocab, bounds, pending, work, judge, bar)
+            spans = _encode_with_ray(cfg, vocab, bounds, pending, work, judge, bar)
         else:
             for i in pending:
                 a, b = bounds[i]
-                _save_embedding(work.piece("emb", i, "npy"), judge.encode(vocab[a:b]))
+                started = now()
+                emb = judge.encode(vocab[a:b])
+                spans.append((started, now()))
+                _save_embedding(work.piece("emb", i, "npy"), emb)
                 bar.update(1)
         bar.close()
     parts = [_load_embedding(work.piece("emb", i, "npy"), b - a) for i, (a, b) in enumerate(bounds)]
@@ -178,7 +189,10 @@ def judge_similarity(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: S
     n = plan.pairs.num_rows
     b_idx = np.fromiter((index[t] for t in plan.pairs.column("bullet").to_pylist()), dtype=np.int64, count=n)
     t_idx = np.fromiter((index[t] for t in plan.pairs.column("target").to_pylist()), dtype=np.int64, count=n)
+    started = now()
     scores = judge.score_indices(emb, b_idx, t_idx)
+    spans.append((started, now()))
     stats["judge_s"] = time.perf_counter() - t0
+    stats["compute_s"] = busy_seconds(spans)  # the encoder passes and the pair scoring
     stats["pairs_judged"] = n if pending else 0
     return scores, [None] * n

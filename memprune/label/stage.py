@@ -1,14 +1,22 @@
 """`memprune label`: pseudo labels for bullets from a judge over bullet x next-session turn pairs (DESIGN step 2).
 
 Reads `DATA/sessions.parquet` and `DATA/bullets.parquet` (written by `memprune ingest` or
-`memprune summarize`), builds the pairs (`memprune.label.pairs`), judges them (similarity proxy
-or LLM judge), aggregates them into labels (`memprune.label.aggregate`) and writes into `OUT`:
+`memprune summarize`), builds the pairs (`memprune.label.pairs`), judges them (similarity proxy,
+LLM judge pairwise or listwise, likelihood-gain judge; one judge or a consensus of several),
+aggregates them into labels (`memprune.label.aggregate`, `memprune.label.consensus`) and writes
+into `OUT`:
 
-- `pairs.parquet`   bullet_id, turn_id, score, judge, error (+ horizon), sorted by (bullet_id, turn_id);
-- `labels.parquet`  bullet_id, label, n_pairs, aggregation, source, sorted by bullet_id;
+- `pairs.parquet`   bullet_id, turn_id, score, judge, error, horizon, judge_mode (+ list_position,
+  list_size for listwise; gain for likelihood; n_judges, spread for a consensus), sorted by
+  (bullet_id, turn_id);
+- `labels.parquet`  bullet_id, label, n_pairs, aggregation, source (+ n_judges, spread, agreement
+  for a consensus), sorted by bullet_id;
+- `pairs_by_judge.parquet` (consensus) every judge's score of every pair;
 - `unlabelled.jsonl` every bullet without a label and why;
-- `label.json` / `label.md` counts that reconcile, error rate, pairs/s, tokens.
+- `label.json` / `label.md` counts that reconcile, error rate, pairs/s, cost (calls, tokens),
+  judge agreement.
 
+`--plan` (`run_plan`) only counts what each judge mode would cost (`plan.json`, `plan.md`).
 Other label sources (`source: qa | usage`, `memprune.label.sources`) skip the judge.
 
 Resumable: the work is cut into deterministic shards, each written atomically under
@@ -21,190 +29,202 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_jsonl, write_summary, write_table
 from memprune.label import sources
-from memprune.label.aggregate import ALL_PAIRS_FAILED, aggregate
+from memprune.label.aggregate import aggregate
 from memprune.label.config import LabelConfig, LabelError
-from memprune.label.pairs import (
-    NO_NEXT_SESSION,
-    NO_SPEAKER,
-    NO_TARGET_TURNS,
-    PairPlan,
-    build_pairs,
-)
-from memprune.label.report import render_markdown, render_source_markdown
+from memprune.label.pairs import PairPlan, build_pairs
+from memprune.label.report import render_markdown, render_plan, render_source_markdown
+from memprune.label.summary import judge_summary
 from memprune.rejects import Ledger
 from memprune.schema import PAIRS
 from memprune.work import WorkDir, file_digest
 
-WORK_VERSION = 1
-UNLABELLED_REASONS = (NO_NEXT_SESSION, NO_SPEAKER, NO_TARGET_TURNS, ALL_PAIRS_FAILED)
+# pairs.parquet: the PAIRS contract plus the horizon (labels can be recomputed from it alone) and the
+# judge mode of each row (pairwise, listwise, likelihood, similarity; a consensus of several: mixed).
+PAIRS_OUT = PAIRS.append(pa.field("horizon", pa.int32(), nullable=False)).append(
+    pa.field("judge_mode", pa.string(), nullable=False))
 
-# pairs.parquet: the PAIRS contract plus the horizon, so labels can be recomputed from it alone.
-PAIRS_OUT = PAIRS.append(pa.field("horizon", pa.int32(), nullable=False))
+
+def _inputs(cfg: LabelConfig) -> tuple[pa.Table, pa.Table, dict[str, str]]:
+    data = Path(cfg.data)
+    sessions_path, bullets_path = data / "sessions.parquet", data / "bullets.parquet"
+    sessions = read_table(sessions_path, "sessions")
+    bullets = read_table(bullets_path, "bullets")
+    return sessions, bullets, {"sessions": file_digest(sessions_path), "bullets": file_digest(bullets_path)}
 
 
-def _work_payload(cfg: LabelConfig, inputs: dict[str, str], judge_settings: dict[str, Any]) -> dict[str, Any]:
-    """What the shards depend on: inputs, pair set, judge settings, sharding. Not decay/aggregation."""
-    payload: dict[str, Any] = {
-        "version": WORK_VERSION,
-        "inputs": inputs,
-        "judge": cfg.judge,
-        "speaker": cfg.speaker,
-        "horizon": cfg.horizon,
-        "order": cfg.order,
-        "shard_size": cfg.effective_shard_size(),
-        "judge_settings": judge_settings,
+def _pairs_table(plan: PairPlan, scores: np.ndarray, errors: list[str | None], judge_values: list[str],
+                 modes: list[str], extras: dict[str, Any]) -> pa.Table:
+    """pairs.parquet: one row per pair, sorted by (bullet_id, turn_id); `score` null iff `error` is set."""
+    n = plan.pairs.num_rows
+    score = pa.array([None if (e is not None or np.isnan(v)) else float(v) for v, e in zip(scores, errors)],
+                     type=pa.float64()) if n else pa.array([], type=pa.float64())
+    columns = {
+        "bullet_id": plan.pairs.column("bullet_id"),
+        "turn_id": plan.pairs.column("turn_id"),
+        "score": score,
+        "judge": pa.array(judge_values, type=pa.string()),
+        "error": pa.array(errors, type=pa.string()),
+        "horizon": plan.pairs.column("horizon"),
+        "judge_mode": pa.array(modes, type=pa.string()),
     }
-    if cfg.judge == "llm":
-        payload["context_turns"] = cfg.context_turns
-    return payload
+    schema = PAIRS_OUT
+    for name, values in extras.items():
+        arr = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values)
+        columns[name] = arr
+        schema = schema.append(pa.field(name, arr.type))
+    table = pa.table(columns, schema=schema)
+    return table.sort_by([("bullet_id", "ascending"), ("turn_id", "ascending")]).combine_chunks()
 
+
+def _judge_similarity(cfg: LabelConfig, plan: PairPlan, inputs: dict[str, str]) -> dict[str, Any]:
+    """The similarity proxy: scores of every pair plus its bookkeeping."""
+    from memprune.label.judges import work_payload
+    from memprune.label.similarity import SimilarityJudge, judge_similarity
+
+    sim = cfg.similarity
+    judge = SimilarityJudge(sim.model, batch_size=sim.batch_size, max_length=sim.max_length,
+                            mapping=sim.mapping, device=sim.device)
+    # The shards hold embeddings: the cosine -> score mapping is applied afterwards, on every run.
+    work = WorkDir(Path(cfg.out), work_payload(cfg, inputs, {"model": judge.model_name, "max_length": sim.max_length}))
+    stats: dict[str, Any] = {}
+    scores, errors = judge_similarity(cfg, plan, work, judge, stats)
+    n = plan.pairs.num_rows
+    return {"name": judge.name, "scores": scores, "errors": errors, "judge_values": [judge.name] * n,
+            "modes": ["similarity"] * n, "extras": {}, "stats": stats, "work_dirs": [str(work.path)]}
+
+
+def _consensus_modes(judged: Any) -> list[str]:
+    """Per pair, the judge mode shared by every instance, else `mixed`."""
+    out = []
+    for modes in zip(*judged.modes):
+        first = modes[0]
+        out.append(first if all(m == first for m in modes) else "mixed")
+    return out
 
 
 def run_judge(cfg: LabelConfig) -> dict[str, Any]:
     """Run the labeling stage described by `cfg`; return the `label.json` summary."""
     started = time.perf_counter()
-    data, out = Path(cfg.data), check_out(cfg.out, "label")
-    sessions_path, bullets_path = data / "sessions.parquet", data / "bullets.parquet"
-    sessions = read_table(sessions_path, "sessions")
-    bullets = read_table(bullets_path, "bullets")
-    inputs = {"sessions": file_digest(sessions_path), "bullets": file_digest(bullets_path)}
-    options = cfg.pair_options()
+    out = check_out(cfg.out, "label")
+    sessions, bullets, inputs = _inputs(cfg)
+    if cfg.judge != "similarity":
+        from memprune.label.consensus import judge_specs
 
+        for spec in judge_specs(cfg):  # a model that is not there fails here, before Ray starts an engine
+            spec.llm.check_model()
+    plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=cfg.judge != "similarity")
+    out.mkdir(parents=True, exist_ok=True)
+    extra: dict[str, Any] = {}
+    by_judge: pa.Table | None = None
     if cfg.judge == "similarity":
-        from memprune.label.similarity import SimilarityJudge
-
-        sim = cfg.similarity
-        judge: Any = SimilarityJudge(sim.model, batch_size=sim.batch_size, max_length=sim.max_length,
-                                     mapping=sim.mapping, device=sim.device)
-        # The shards hold embeddings: the cosine -> score mapping is applied afterwards, on every run.
-        settings = {"model": judge.model_name, "max_length": sim.max_length}
+        j = _judge_similarity(cfg, plan, inputs)
+        pairs = _pairs_table(plan, j["scores"], j["errors"], j["judge_values"], j["modes"], j["extras"])
+        labels, failed = aggregate(pairs, cfg.decay, cfg.aggregation)
+        judge_name, stats, work_dirs = j["name"], j["stats"], j["work_dirs"]
     else:
-        from memprune.label.llm_judge import LLMJudge
+        from memprune.label.consensus import combine_pairs, consensus_agreement, consensus_labels, judge_specs
+        from memprune.label.judges import run_judges
 
-        llm_config = cfg.llm_settings()
-        llm_config.check_model()
-        judge = LLMJudge(llm_config)
-        settings = {"llm": llm_config.model_dump(mode="json")}
-
-    plan = build_pairs(sessions, bullets, options, with_context=cfg.judge == "llm")
-    work = WorkDir(out, _work_payload(cfg, inputs, settings))
-    stats: dict[str, Any] = {}
-    if cfg.judge == "similarity":
-        from memprune.label.similarity import judge_similarity
-
-        scores, errors = judge_similarity(cfg, plan, work, judge, stats)
-    else:
-        from memprune.label.llm_judge import judge_llm
-
-        scores, errors = judge_llm(cfg, plan, work, judge, stats)
-
-    n = plan.pairs.num_rows
-    score_arr = pa.array([None if (e is not None or np.isnan(s)) else float(s) for s, e in zip(scores, errors)],
-                         type=pa.float64()) if n else pa.array([], type=pa.float64())
-    pairs = pa.table(
-        {
-            "bullet_id": plan.pairs.column("bullet_id"),
-            "turn_id": plan.pairs.column("turn_id"),
-            "score": score_arr,
-            "judge": pa.array([judge.name] * n, type=pa.string()),
-            "error": pa.array(errors, type=pa.string()),
-            "horizon": plan.pairs.column("horizon"),
-        },
-        schema=PAIRS_OUT,
-    ).sort_by([("bullet_id", "ascending"), ("turn_id", "ascending")]).combine_chunks()
-    labels, failed = aggregate(pairs, cfg.decay, cfg.aggregation)
+        specs = judge_specs(cfg)
+        judged = run_judges(cfg, plan, specs, inputs)
+        stats, work_dirs = judged.stats, judged.work_dirs
+        extra.update(specs=specs, judged=judged)
+        if len(judged.names) == 1:
+            judge_name = judged.names[0]
+            pairs = _pairs_table(plan, judged.scores[0], judged.errors[0], judged.judge_values[0], judged.modes[0],
+                                 judged.extras[0])
+            labels, failed = aggregate(pairs, cfg.decay, cfg.aggregation)
+        else:
+            judge_name = f"consensus:{'|'.join(judged.names)}"
+            c = combine_pairs(judged.scores, judged.errors)
+            pairs = _pairs_table(plan, c["score"], c["error"], [judge_name] * plan.pairs.num_rows,
+                                 _consensus_modes(judged), {"n_judges": pa.array(c["n_judges"], pa.int32()),
+                                                            "spread": pa.array(c["spread"], pa.float64())})
+            ordered = plan.pairs.select(["bullet_id", "horizon"])
+            labels, failed, matrix, _ = consensus_labels(ordered, judged.scores, cfg.decay, cfg.aggregation)
+            extra["agreement"] = consensus_agreement(judged.scores, matrix, judged.names)
+            by_judge = _by_judge(plan, judged)
 
     unlabelled = sorted(
         [{"bullet_id": b, "reason": r, "n_pairs": 0, "n_errors": 0} for b, r in plan.unpaired] + failed,
         key=lambda d: d["bullet_id"],
     )
-    summary = _summary(cfg, plan, pairs, labels, unlabelled, judge.name, inputs, work, stats,
-                       time.perf_counter() - started)
-    with OutputSet(out, "label") as outputs:
+    summary = judge_summary(cfg, plan, pairs, labels, unlabelled, judge_name, inputs, work_dirs, stats,
+                            time.perf_counter() - started, extra)
+    with OutputSet(out, "label") as outputs:  # every output committed together
         write_table(pairs, outputs.path("pairs.parquet"), "pairs")
         write_table(labels, outputs.path("labels.parquet"), "labels")
+        if by_judge is not None:
+            write_table(by_judge, outputs.path("pairs_by_judge.parquet"))
         write_jsonl(outputs.path("unlabelled.jsonl"), unlabelled)
         write_summary(outputs.staging, "label", summary, render_markdown(summary))
     return summary
 
 
-def _summary(cfg: LabelConfig, plan: PairPlan, pairs: pa.Table, labels: pa.Table, unlabelled: list[dict[str, Any]],
-             judge_name: str, inputs: dict[str, str], work: WorkDir, stats: dict[str, Any],
-             wall_s: float) -> dict[str, Any]:
-    """The `label.json` content: counts that reconcile, error rate, throughput, tokens."""
-    n_pairs = pairs.num_rows
-    n_err = n_pairs - pairs.column("error").null_count
-    reasons = Counter(u["reason"] for u in unlabelled)
-    label_vals = labels.column("label").to_numpy() if labels.num_rows else np.zeros(0)
-    errors_by_message = Counter(e for e in pairs.column("error").to_pylist() if e is not None)
-    partially = 0
-    if n_err:
-        per_bullet = Counter(b for b, e in zip(pairs.column("bullet_id").to_pylist(),
-                                               pairs.column("error").to_pylist()) if e is not None)
-        labelled_ids = set(labels.column("bullet_id").to_pylist())
-        partially = sum(1 for b in per_bullet if b in labelled_ids)
-    counts = {
+def _by_judge(plan: PairPlan, judged: Any) -> pa.Table:
+    """pairs_by_judge.parquet (consensus runs): every judge instance's score of every pair."""
+    n = plan.pairs.num_rows
+    parts = []
+    for name, scores, errors, modes in zip(judged.names, judged.scores, judged.errors, judged.modes):
+        parts.append(pa.table({
+            "bullet_id": plan.pairs.column("bullet_id"), "turn_id": plan.pairs.column("turn_id"),
+            "judge": pa.array([name] * n, pa.string()), "judge_mode": pa.array(modes, pa.string()),
+            "score": pa.array([None if np.isnan(v) else float(v) for v in scores], pa.float64()),
+            "error": pa.array(errors, pa.string())}))
+    table = pa.concat_tables(parts) if parts else pa.table({})
+    return table.sort_by([("bullet_id", "ascending"), ("turn_id", "ascending"), ("judge", "ascending")])
+
+
+def run_plan(cfg: LabelConfig) -> dict[str, Any]:
+    """`--plan`: calls, prompt and generated tokens, prefix-cache reuse and GPU-hours of each judge mode; no model run.
+
+    Writes `OUT/plan.json` and `OUT/plan.md`. The token counts use the judge model's tokenizer
+    when its directory is local (from the LLM config), else the named fallback (`cost.tokenizer`).
+    """
+    from memprune.label.cost import MODES, PromptCounter, plan_mode
+
+    started = time.perf_counter()
+    out = Path(cfg.out)
+    sessions, bullets, inputs = _inputs(cfg)
+    plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=True)
+    has_llm = bool(cfg.llm or cfg.llm_config or cfg.judge_set)
+    llms = cfg.judge_llm_settings() if has_llm else [None]
+    llm = llms[0]
+    counter = PromptCounter(llm.model if llm else None, cfg.cost.tokenizer, bool(llm and llm.trust_remote_code))
+    modes = {}
+    for mode in MODES:
+        instances = len(llms) * (cfg.judge_samples if mode != "likelihood" else 1)
+        modes[mode] = plan_mode(mode, plan, counter, llm, cfg.listwise, cfg.cost, instances)
+    pw, lw = modes["pairwise"], modes["listwise"]
+    summary = {
+        "stage": "label-plan",
+        "tokenizer": counter.name,
+        "model": llm.model if llm else None,
+        "chosen": "likelihood" if cfg.judge == "likelihood" else cfg.judge_mode,
+        "pairs": plan.pairs.num_rows,
         "bullets": plan.n_bullets,
-        "bullets_labelled": labels.num_rows,
-        "bullets_unlabelled": len(unlabelled),
-        **{f"unlabelled_{r}": reasons.get(r, 0) for r in UNLABELLED_REASONS},
-        "bullets_partially_failed": partially,
-        "pairs": n_pairs,
-        "pairs_scored": n_pairs - n_err,
-        "pairs_error": n_err,
-        "pairs_by_horizon": {str(h): c for h, c in sorted(Counter(pairs.column("horizon").to_pylist()).items())},
-    }
-    reconciles = (
-        counts["bullets"] == counts["bullets_labelled"] + counts["bullets_unlabelled"]
-        and counts["pairs"] == counts["pairs_scored"] + counts["pairs_error"]
-        and int(pc.sum(labels.column("n_pairs")).as_py() or 0) == counts["pairs_scored"]
-    )
-    judge_s = stats.get("judge_s") or 0.0
-    judged = stats.get("pairs_judged", 0)
-    return {
-        "stage": "label",
-        "source": "judge",
-        "judge": judge_name,
-        "proxy": cfg.judge == "similarity",
+        "target_turns": len({t for t in plan.pairs.column("turn_id").to_pylist()}),
+        "throughput_tokens_per_s": cfg.cost.throughput,
+        "decode_throughput_tokens_per_s": cfg.cost.decode_throughput or cfg.cost.throughput,
+        "block_size": cfg.cost.block_size,
+        "modes": modes,
+        "listwise_saving": (pw["prompt_tokens_per_pair"] / lw["prompt_tokens_per_pair"]
+                            if lw["prompt_tokens_per_pair"] else None),
         "config": json.loads(cfg.model_dump_json()),
         "inputs": {"sessions.parquet": inputs["sessions"], "bullets.parquet": inputs["bullets"]},
-        "counts": counts,
-        "reconciles": reconciles,
-        "error_rate": (n_err / n_pairs) if n_pairs else 0.0,
-        "errors_by_message": dict(errors_by_message.most_common(10)),
-        "labels": {
-            "aggregation": cfg.aggregation,
-            "decay": cfg.decay,
-            "mean": float(label_vals.mean()) if label_vals.size else None,
-            "std": float(label_vals.std()) if label_vals.size else None,
-            "min": float(label_vals.min()) if label_vals.size else None,
-            "max": float(label_vals.max()) if label_vals.size else None,
-            "at_least_0.5": int((label_vals >= 0.5).sum()),
-        },
-        "throughput": {
-            "pairs_judged_this_run": judged,
-            "judge_s": round(judge_s, 3),
-            "pairs_per_s": round(judged / judge_s, 1) if judged and judge_s > 0 else None,
-            "wall_s": round(wall_s, 3),
-            "texts_encoded": stats.get("texts"),
-            "shards_total": stats.get("shards_total", 0),
-            "shards_reused": stats.get("shards_reused", 0),
-            "executor": cfg.similarity.executor if cfg.judge == "similarity" else "ray",
-        },
-        "tokens": {"in": stats.get("tokens_in"), "out": stats.get("tokens_out"), "attempts": stats.get("attempts")},
-        "work_dir": str(work.path),
-        "outputs": ["pairs.parquet", "labels.parquet", "unlabelled.jsonl", "label.json", "label.md"],
+        "wall_s": round(time.perf_counter() - started, 3),
     }
+    out.mkdir(parents=True, exist_ok=True)
+    write_summary(out, "plan", summary, render_plan(summary))
+    return summary
 
 
 def run_source(cfg: LabelConfig) -> dict[str, Any]:
@@ -302,5 +322,7 @@ def _run_source(cfg: LabelConfig, data: Path, bullets: pa.Table, inputs: dict[st
 
 
 def run(cfg: LabelConfig) -> dict[str, Any]:
-    """Run the labeling stage described by `cfg` (judge, qa or usage source); return the `label.json` summary."""
+    """Run the labeling stage described by `cfg` (judge, qa or usage source; or only `--plan` it); return its summary."""
+    if cfg.plan:
+        return run_plan(cfg)
     return run_judge(cfg) if cfg.source == "judge" else run_source(cfg)

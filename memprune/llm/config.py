@@ -17,12 +17,13 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, read_yaml, validate
 
 Engine = Literal["vllm", "http", "hf"]
-Task = Literal["judge", "summarize", "reply", "answer", "qa_judge"]
+Task = Literal["judge", "summarize", "reply", "answer", "qa_judge", "listwise"]
 
 # max_tokens per task when `sampling.max_tokens` is not set: a judge answer is one small
 # JSON object, a session summary is a list of bullets, a reply is one dialogue utterance,
 # an answer is a short phrase, a QA verdict is one small JSON object.
-DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96, "answer": 64, "qa_judge": 24}
+DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96, "answer": 64, "qa_judge": 24,
+                                      "listwise": 256}
 
 
 class Sampling(ConfigModel):
@@ -82,6 +83,9 @@ class LLMConfig(ConfigModel):
     reply_prompt: str = Field("reply_v1", description="Prompt template name in memprune/prompts or a file path.")
     answer_prompt: str = Field("answer_v1", description="qa-eval answers: prompt template name or a file path.")
     qa_judge_prompt: str = Field("qa_judge_v1", description="qa-eval CORRECT/WRONG verdicts: template name or path.")
+    listwise_prompt: str = Field("judge_listwise_v1", description="Listwise judge template (memprune/prompts or a path).")
+    likelihood_prompt: str = Field(
+        "reply_v1", description="Likelihood judge: a reply template; the real turn is scored as the reply to it.")
     max_bullets: int = Field(10, ge=1, description="summarize: at most this many bullets per session.")
 
     # --- Ray placement (vllm, hf; http uses concurrency for request workers)
@@ -93,6 +97,8 @@ class LLMConfig(ConfigModel):
     accelerator_type: str | None = Field(None, description="Ray accelerator type for the engine, e.g. H100.")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per engine replica (CPU engines).")
     stage_num_cpus: float | None = Field(None, gt=0, description="CPUs per light pre/post-processing worker.")
+    wait_for_replicas_s: int = Field(
+        600, ge=0, description="Start a pass only when all engine replicas are up (so each gets work); 0 = at once.")
 
     # --- vllm
     tensor_parallel_size: int = Field(1, ge=1)
@@ -179,7 +185,8 @@ class LLMConfig(ConfigModel):
     def prompt_name(self, task: Task) -> str:
         """The prompt template used for `task`."""
         return {"judge": self.judge_prompt, "summarize": self.summarize_prompt, "reply": self.reply_prompt,
-                "answer": self.answer_prompt, "qa_judge": self.qa_judge_prompt}[task]
+                "answer": self.answer_prompt, "qa_judge": self.qa_judge_prompt,
+                "listwise": self.listwise_prompt, "loglik": self.likelihood_prompt}[task]
 
     def describe(self, task: Task) -> str:
         """A short id of engine, model and prompt, e.g. `vllm:Qwen2.5-7B-Instruct:judge_v1`."""

@@ -47,6 +47,27 @@ def sampling_for(config: LLMConfig, task: str, attempt: int) -> dict[str, Any]:
     }
 
 
+def row_sampling(params: dict[str, Any], override: str | None, attempt: int) -> dict[str, Any]:
+    """One row's sampling: the attempt's `params` with the row's `_mp_sampling` JSON overrides applied.
+
+    `seed_offset` is added to the seed (independent samples of one prompt stay reproducible),
+    `temperature` replaces the first attempt's (retries keep at least the retry temperature),
+    `max_tokens` replaces the attempt's budget (a retry keeps the larger of the two).
+    """
+    if not override:
+        return params
+    extra = json.loads(override)
+    out = dict(params)
+    out["seed"] = int(out.get("seed") or 0) + int(extra.get("seed_offset") or 0)
+    if extra.get("temperature") is not None:
+        t = float(extra["temperature"])
+        out["temperature"] = t if attempt <= 1 else max(t, float(out["temperature"]))
+    if extra.get("max_tokens") is not None:
+        m = int(extra["max_tokens"])
+        out["max_tokens"] = m if attempt <= 1 else max(m, int(out["max_tokens"]))
+    return out
+
+
 def _mp_columns(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k.startswith("_mp_")}
 
@@ -131,15 +152,42 @@ def vllm_engine_kwargs(config: LLMConfig) -> dict[str, Any]:
     if config.accelerator == "cpu":
         kwargs["enforce_eager"] = True
     kwargs.update(config.engine_kwargs)
+    so = kwargs.get("structured_outputs_config")
+    if config.structured_output and (so is None or isinstance(so, dict)):
+        built = structured_outputs_config(so)
+        if built is not None:
+            kwargs["structured_outputs_config"] = built
     return kwargs
 
 
-def vllm_processor_config(config: LLMConfig, replicas: int | None = None) -> Any:
-    """The `vLLMEngineProcessorConfig`: fixed replica pool, error rows instead of failures, CPU or GPU placement."""
+def structured_outputs_config(settings: dict[str, Any] | None) -> Any:
+    """vLLM's engine-level `StructuredOutputsConfig`: xgrammar, compact JSON (`disable_any_whitespace`); None
+    without vLLM (the processor can still be built, e.g. on a driver that only submits the job).
+
+    vLLM reads `disable_any_whitespace` from the engine config, not from a request's
+    `StructuredOutputsParams`: without it a grammar lets the model pad JSON with whitespace until
+    `max_tokens` cuts it (a long list then never completes). vLLM allows the flag only with an explicit
+    xgrammar or guidance backend; memprune's schemas compile in xgrammar. `engine_kwargs.
+    structured_outputs_config` (a mapping) overrides these defaults.
+    """
+    try:
+        from vllm.config import StructuredOutputsConfig
+    except ImportError:
+        return None
+    return StructuredOutputsConfig(**{"backend": "xgrammar", "disable_any_whitespace": True, **(settings or {})})
+
+
+def vllm_processor_config(config: LLMConfig, replicas: int | None = None, stages: bool | None = None) -> Any:
+    """The `vLLMEngineProcessorConfig`: fixed replica pool, error rows instead of failures, CPU or GPU placement.
+
+    `stages` overrides `config.ray_stages` (chat template / tokenize / detokenize as Ray stages);
+    the likelihood judge sends its own token ids and turns them off.
+    """
     vLLMEngineProcessorConfig = _ray_data_llm().vLLMEngineProcessorConfig
     n = replicas if replicas is not None else vllm_replicas(config)
-    stage: Any = config.ray_stages
-    if config.ray_stages and config.stage_num_cpus is not None:
+    use_stages = config.ray_stages if stages is None else stages
+    stage: Any = use_stages
+    if use_stages and config.stage_num_cpus is not None:
         stage = {"enabled": True, "num_cpus": config.stage_num_cpus}
     env = dict(config.env)
     kwargs: dict[str, Any] = dict(
@@ -166,13 +214,14 @@ def vllm_processor_config(config: LLMConfig, replicas: int | None = None) -> Any
 class VLLMRequest:
     """Preprocess of the vLLM processor: messages (or a rendered prompt) and per-row sampling params."""
 
-    def __init__(self, sampling: dict[str, Any], structured: bool, use_prompt: bool) -> None:
+    def __init__(self, sampling: dict[str, Any], structured: bool, use_prompt: bool, attempt: int = 1) -> None:
         self.sampling = sampling
         self.structured = structured
         self.use_prompt = use_prompt
+        self.attempt = attempt
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
-        params = dict(self.sampling)
+        params = row_sampling(self.sampling, row.get("_mp_sampling"), self.attempt)
         schema = row.get("_mp_schema")
         if self.structured and schema:
             params["structured_outputs"] = {"json": schema, "disable_any_whitespace": True}
@@ -219,7 +268,7 @@ def build_vllm_processor(config: LLMConfig, task: str, attempt: int, replicas: i
     return build_processor(
         vllm_processor_config(config, replicas),
         preprocess=VLLMRequest(sampling_for(config, task, attempt), config.structured_output,
-                               use_prompt=not config.ray_stages),
+                               use_prompt=not config.ray_stages, attempt=attempt),
         postprocess=vllm_postprocess,
         preprocess_map_kwargs=map_kwargs or None,
         postprocess_map_kwargs=map_kwargs or None,
@@ -247,14 +296,16 @@ def generate_vllm(ds: Any, config: LLMConfig, task: str, attempt: int, replicas:
 class HttpRequest:
     """Preprocess of the HTTP processor: an OpenAI chat-completions payload."""
 
-    def __init__(self, model: str, sampling: dict[str, Any], response_format: str, task: str) -> None:
+    def __init__(self, model: str, sampling: dict[str, Any], response_format: str, task: str, attempt: int = 1) -> None:
         self.model = model
         self.sampling = sampling
         self.response_format = response_format
         self.task = task
+        self.attempt = attempt
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
-        payload: dict[str, Any] = {"model": self.model, "messages": json.loads(row["_mp_messages"]), **self.sampling}
+        payload: dict[str, Any] = {"model": self.model, "messages": json.loads(row["_mp_messages"]),
+                                   **row_sampling(self.sampling, row.get("_mp_sampling"), self.attempt)}
         schema = row.get("_mp_schema")
         if schema and self.response_format == "json_schema":
             payload["response_format"] = {
@@ -355,7 +406,7 @@ def generate_http(ds: Any, config: LLMConfig, task: str, attempt: int, replicas:
     map_kwargs = _map_kwargs(config)
     processor = build_processor(
         http_processor_config(config),
-        preprocess=HttpRequest(config.model, sampling_for(config, task, attempt), response_format, task),
+        preprocess=HttpRequest(config.model, sampling_for(config, task, attempt), response_format, task, attempt),
         postprocess=http_postprocess,
         preprocess_map_kwargs=map_kwargs or None,
         postprocess_map_kwargs=map_kwargs or None,
@@ -366,126 +417,11 @@ def generate_http(ds: Any, config: LLMConfig, task: str, attempt: int, replicas:
 # ---------------------------------------------------------------- hf
 
 
-class HFGenerator:
-    """A Ray Data actor holding one transformers causal LM; batched, left-padded `generate`."""
-
-    def __init__(self, model: str, trust_remote_code: bool, device: str, dtype: str, max_model_len: int | None,
-                 num_threads: int | None = None) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        if num_threads:
-            torch.set_num_threads(num_threads)
-        self.torch = torch
-        self.device = device
-        self.tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=trust_remote_code,
-                                                          dtype=torch_dtype).to(device).eval()
-        limit = max_model_len or getattr(self.model.config, "max_position_embeddings", None)
-        self.max_len = int(limit) if limit else None
-        eos = self.model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
-        self.eos_ids = set(eos) | ({self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set())
-
-    def __call__(self, batch: pa.Table, temperature: float, top_p: float, max_tokens: int, seed: int) -> pa.Table:
-        rows = batch.to_pylist()
-        results: list[dict[str, Any]] = [{} for _ in rows]
-        todo: list[tuple[int, list[int]]] = []
-        for i, row in enumerate(rows):
-            try:
-                ids = self.tokenizer.apply_chat_template(json.loads(row["_mp_messages"]), tokenize=True,
-                                                         add_generation_prompt=True)
-                if hasattr(ids, "keys"):
-                    ids = ids["input_ids"]
-                ids = list(ids)
-            except Exception as exc:  # a template that rejects these messages: this row only
-                results[i] = {"_mp_engine_error": f"engine: chat template failed: {_short(exc)}"}
-                continue
-            if self.max_len is not None and len(ids) + max_tokens > self.max_len:
-                results[i] = {"_mp_engine_error": f"engine: prompt of {len(ids)} tokens + max_tokens {max_tokens} "
-                                                  f"exceeds the model length {self.max_len}", "_mp_n_in": len(ids)}
-                continue
-            todo.append((i, ids))
-        if todo:
-            try:
-                self._generate(todo, results, temperature, top_p, max_tokens, seed)
-            except Exception as exc:  # e.g. out of memory for the batch: retry rows one by one
-                log.warning("hf generate failed for a batch of %d rows (%s); retrying one by one", len(todo), exc)
-                for item in todo:
-                    try:
-                        self._generate([item], results, temperature, top_p, max_tokens, seed)
-                    except Exception as row_exc:
-                        results[item[0]] = {"_mp_engine_error": f"engine: {type(row_exc).__name__}: {_short(row_exc)}"}
-        out = []
-        for row, res in zip(rows, results):
-            keep = _mp_columns(row)
-            for col in OUT_COLUMNS:
-                keep[col] = res.get(col)
-            out.append(keep)
-        return _table(out)
-
-    def _generate(self, todo: list[tuple[int, list[int]]], results: list[dict[str, Any]], temperature: float,
-                  top_p: float, max_tokens: int, seed: int) -> None:
-        torch = self.torch
-        width = max(len(ids) for _, ids in todo)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.full((len(todo), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(todo), width), dtype=torch.long)
-        for r, (_, ids) in enumerate(todo):
-            input_ids[r, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            mask[r, width - len(ids):] = 1
-        torch.manual_seed(seed)
-        sample = temperature > 0
-        kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": sample, "pad_token_id": pad}
-        if sample:
-            kwargs.update(temperature=temperature, top_p=top_p)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        with torch.inference_mode():
-            gen = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                      **kwargs)
-        new = gen[:, width:].tolist()
-        for r, (i, ids) in enumerate(todo):
-            tokens = new[r]
-            n = len(tokens)
-            for k, tok in enumerate(tokens):
-                if tok in self.eos_ids:
-                    n = k + 1
-                    break
-            text = self.tokenizer.decode(tokens[:n], skip_special_tokens=True)
-            results[i] = {"_mp_text": text, "_mp_n_in": len(ids), "_mp_n_out": n, "_mp_engine_error": None}
-
-
 def generate_hf(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
-    """Run one attempt of `ds` through a pool of transformers actors."""
-    import ray
+    """Run one attempt of `ds` through a pool of transformers actors (`memprune.llm.hf_engine`)."""
+    from memprune.llm.hf_engine import generate_hf as run
 
-    gpu = config.accelerator == "gpu"
-    resources: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1} if gpu else {"num_cpus": config.cpus_per_replica}
-    if config.accelerator_type and gpu:
-        resources["accelerator_type"] = config.accelerator_type
-    if config.env:
-        resources["runtime_env"] = {"env_vars": dict(config.env)}
-    return ds.map_batches(
-        HFGenerator,
-        fn_constructor_kwargs={
-            "model": config.model,
-            "trust_remote_code": config.trust_remote_code,
-            "device": "cuda" if gpu else "cpu",
-            "dtype": config.dtype,
-            "max_model_len": config.max_model_len,
-            "num_threads": None if gpu else max(1, int(config.cpus_per_replica)),
-        },
-        fn_kwargs=sampling_for(config, task, attempt),
-        compute=ray.data.ActorPoolStrategy(size=replicas or config.concurrency or 1),
-        batch_size=config.batch_size,
-        batch_format="pyarrow",
-        **resources,
-    )
+    return run(ds, config, task, attempt, replicas)
 
 
 ENGINES = {"vllm": generate_vllm, "http": generate_http, "hf": generate_hf}
@@ -496,6 +432,18 @@ def full_replicas(config: LLMConfig) -> int:
     return vllm_replicas(config) if config.engine == "vllm" else (config.concurrency or 1)
 
 
+def wait_for_replicas(ds: Any, config: LLMConfig) -> None:
+    """Make the engine pools of `ds` (and the datasets derived from it) start work only when every replica is up.
+
+    Ray Data otherwise hands blocks to the first replica that is ready, and with fast models
+    that replica can take all of a pass while the others are still loading.
+    """
+    context = getattr(ds, "context", None)
+    if context is not None and config.wait_for_replicas_s > 0:
+        context.wait_for_min_actors_s = config.wait_for_replicas_s
+
+
 def generate(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
     """Run one attempt of every row of `ds` through the configured engine (`replicas` caps the pool)."""
+    wait_for_replicas(ds, config)
     return ENGINES[config.engine](ds, config, task, attempt, replicas)

@@ -30,6 +30,8 @@ TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
     "reply": frozenset({"target_speaker", "context", "memory"}),
     "answer": frozenset({"memory", "question"}),
     "qa_judge": frozenset({"question", "gold", "answer"}),
+    "listwise": frozenset({"context", "target_speaker", "target", "bullets"}),
+    "loglik": frozenset({"target_speaker", "context", "memory"}),  # a reply template: the target is scored
 }
 NO_MEMORY = "(no memory notes)"
 
@@ -120,17 +122,33 @@ def render_context(row: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
-    """The judge prompt for one (bullet, context, target) row."""
-    bullet, target = _required_text(row, "bullet"), _required_text(row, "target")
+def _judged_dialogue(row: Mapping[str, Any]) -> dict[str, str]:
+    """The placeholders every judge prompt shares: the context before the target, the target and its speaker."""
+    target = _required_text(row, "target")
     lines = render_context(row)
-    values = {
+    return {
         "context": "\n".join(lines) if lines else "(no earlier turns in this session)",
         "target_speaker": escape(row.get("target_speaker")),
         "target": target,
-        "bullet": bullet,
     }
-    return template.render(values)
+
+
+def judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The judge prompt for one (bullet, context, target) row."""
+    bullet = _required_text(row, "bullet")
+    return template.render({**_judged_dialogue(row), "bullet": bullet})
+
+
+def listwise_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The listwise judge prompt for one (bullets, context, target) row; bullets are numbered 1..k in row order."""
+    bullets = row.get("bullets")
+    if not isinstance(bullets, Sequence) or isinstance(bullets, str) or not bullets:
+        raise PromptError(f"field 'bullets' must be a non-empty list of strings, got {bullets!r}")
+    for i, b in enumerate(bullets):
+        if not isinstance(b, str) or not b.strip():
+            raise PromptError(f"field 'bullets' item {i} must be a non-empty string, got {b!r}")
+    listed = "\n".join(f'<bullet id="{i}">{escape(b)}</bullet>' for i, b in enumerate(bullets, 1))
+    return template.render({**_judged_dialogue(row), "bullets": listed})
 
 
 def turn_labels(turns: Sequence[Mapping[str, Any]]) -> dict[str, str]:

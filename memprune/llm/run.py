@@ -25,17 +25,24 @@ import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.engines import LLMError, full_replicas, generate
+from memprune.llm.lists import listwise_schema, parse_listwise
 from memprune.llm.parsing import SCHEMAS, parse_answer, parse_judge, parse_qa_judge, parse_reply, parse_summary
 from memprune.llm.prompts import (
     PromptError,
     answer_messages,
     judge_messages,
+    listwise_messages,
     load_template,
     qa_judge_messages,
     reply_messages,
     summarize_messages,
     turn_labels,
 )
+
+# An optional input column of any task: per-row sampling overrides as a JSON object with the keys
+# `seed_offset` (added to every attempt's seed: independent samples of one prompt), `temperature`
+# (of the first attempt) and `max_tokens` (e.g. sized to a list's length). Dropped from the output.
+SAMPLING_COLUMN = "llm_sampling"
 
 # Columns a task reads to build its prompt; they are not passed through unless keep_inputs=True.
 TASK_INPUTS: dict[str, tuple[str, ...]] = {
@@ -44,6 +51,7 @@ TASK_INPUTS: dict[str, tuple[str, ...]] = {
     "reply": ("context", "memory", "target_speaker"),
     "answer": ("memory", "question"),
     "qa_judge": ("question", "gold", "prediction"),
+    "listwise": ("bullets", "context", "target", "target_speaker"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "judge": ("bullet", "context", "target"),
@@ -51,9 +59,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "reply": ("context", "target_speaker"),
     "answer": ("question",),
     "qa_judge": ("question", "gold", "prediction"),
+    "listwise": ("bullets", "context", "target"),
 }
 # Tasks whose parsed value is one scalar (a score, a text, a verdict), stored as it is.
-SCALAR_TASKS = ("judge", "reply", "answer", "qa_judge")
+SCALAR_TASKS = ("judge", "reply", "answer", "qa_judge", "listwise")  # listwise: one list of scores
 COMMON_OUT = ("raw", "error", "attempts", "tokens_in", "tokens_out")
 
 BULLET_TYPE = pa.struct([
@@ -72,6 +81,7 @@ OUTPUT_FIELDS: dict[str, list[pa.Field]] = {
     "reply": [pa.field("reply", pa.string()), pa.field("parse", pa.string())],
     "answer": [pa.field("prediction", pa.string()), pa.field("parse", pa.string())],
     "qa_judge": [pa.field("verdict", pa.string()), pa.field("parse", pa.string())],
+    "listwise": [pa.field("scores", pa.list_(pa.float64())), pa.field("parse", pa.string())],
 }
 COMMON_FIELDS = [
     pa.field("raw", pa.string()),
@@ -84,7 +94,7 @@ STATE_TYPES = {
     "_mp_pass": pa.binary(), "_mp_messages": pa.string(), "_mp_schema": pa.string(), "_mp_labels": pa.string(),
     "_mp_speakers": pa.string(), "_mp_attempts": pa.int64(), "_mp_tok_in": pa.int64(), "_mp_tok_out": pa.int64(),
     "_mp_raw": pa.string(), "_mp_error": pa.string(), "_mp_done": pa.bool_(), "_mp_result": pa.string(),
-    "_mp_method": pa.string(),
+    "_mp_method": pa.string(), "_mp_sampling": pa.string(),
 }
 
 
@@ -109,12 +119,17 @@ def check_columns(names: Iterable[str], task: Task) -> None:
 # ---------------------------------------------------------------- pure row steps
 
 
+def _dropped(task: Task, keep_inputs: bool) -> set[str]:
+    """Input columns that do not come back: the prompt inputs (unless `keep_inputs`) and the sampling overrides."""
+    return (set() if keep_inputs else set(TASK_INPUTS[task])) | {SAMPLING_COLUMN}
+
+
 def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep_inputs: bool = False
                  ) -> list[dict[str, Any]]:
     """Input rows -> state rows: pickled passthrough, chat messages, schema; bad inputs are finished errors."""
     template = load_template(config.prompt_name(task), task)
     schema = json.dumps(SCHEMAS[task]) if config.structured_output and task in SCHEMAS else None
-    drop = () if keep_inputs else TASK_INPUTS[task]
+    drop = _dropped(task, keep_inputs)
     out = []
     for row in rows:
         state: dict[str, Any] = {
@@ -122,10 +137,17 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
             "_mp_messages": None, "_mp_schema": schema, "_mp_labels": None, "_mp_speakers": None,
             "_mp_attempts": 0, "_mp_tok_in": None, "_mp_tok_out": None, "_mp_raw": None,
             "_mp_error": None, "_mp_done": False, "_mp_result": None, "_mp_method": None,
+            "_mp_sampling": row.get(SAMPLING_COLUMN),
         }
         try:
             if task == "judge":
                 messages = judge_messages(row, template)
+            elif task == "listwise":
+                messages = listwise_messages(row, template)
+                k = len(row["bullets"])
+                state["_mp_labels"] = json.dumps(k)
+                if config.structured_output:
+                    state["_mp_schema"] = json.dumps(listwise_schema(k))
             elif task == "reply":
                 messages = reply_messages(row, template)
                 state["_mp_speakers"] = json.dumps({"target": str(row["target_speaker"]), "speakers": sorted(
@@ -150,6 +172,8 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
 def _parse(task: Task, text: str | None, state: dict[str, Any]) -> Any:
     if task == "judge":
         return parse_judge(text)
+    if task == "listwise":
+        return parse_listwise(text, int(json.loads(state["_mp_labels"])))
     if task == "reply":
         who = json.loads(state["_mp_speakers"] or "{}")
         return parse_reply(text, who.get("target"), who.get("speakers"))
@@ -203,6 +227,9 @@ def finish_rows(rows: list[dict[str, Any]], task: Task) -> list[dict[str, Any]]:
             item["score"] = float(result) if ok else None
         elif task in ("reply", "answer", "qa_judge"):
             item[OUTPUT_FIELDS[task][0].name] = str(result) if ok else None
+            item["parse"] = row.get("_mp_method") if ok else None
+        elif task == "listwise":
+            item["scores"] = [float(v) for v in result] if ok else None
             item["parse"] = row.get("_mp_method") if ok else None
         else:
             item["bullets"] = result["bullets"] if ok else None
@@ -276,7 +303,7 @@ def _passthrough_schema(ds: Any, task: Task, keep_inputs: bool) -> tuple[list[st
         raise ValueError(f"run_llm(task={task!r}): the input dataset has no schema (is it empty?)")
     names = list(schema.names)
     base = getattr(schema, "base_schema", None)
-    drop = () if keep_inputs else TASK_INPUTS[task]
+    drop = _dropped(task, keep_inputs)
     if isinstance(base, pa.Schema):
         return names, pa.schema([f for f in base if f.name not in drop])
     return names, None
@@ -298,10 +325,15 @@ def run_llm(ds: Any, config: LLMConfig, task: Task, keep_inputs: bool = False) -
     (a short answer, or None), `parse` and the common columns; free text.
     qa_judge: rows with `question`, `gold`, `prediction` -> passthrough + `verdict` (CORRECT or
     WRONG, or None), `parse` and the common columns; JSON schema `QA_JUDGE_SCHEMA`.
+    listwise: rows with `bullets` (list of k strings, shown as ids 1..k), `context`, `target`,
+    `target_speaker` -> passthrough columns + `scores` (k numbers in [0, 1] in bullet order, or
+    None), `parse` and the common columns; structured output pins exactly the ids 1..k.
+    Any task: an optional `llm_sampling` column (JSON: seed_offset, temperature, max_tokens)
+    overrides the sampling of that row (`memprune.llm.engines.row_sampling`).
     Row order may change. The prompt input columns are dropped unless `keep_inputs`.
     """
     if task not in TASK_INPUTS:
-        raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASK_INPUTS)}")
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_INPUTS)}")
     load_template(config.prompt_name(task), task)  # fail fast on a bad template
     config.check_model()  # and on a model that is not there, before an engine starts
     names, passthrough = _passthrough_schema(ds, task, keep_inputs)

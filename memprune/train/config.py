@@ -93,6 +93,11 @@ class TrainSettings(ConfigModel):
 
     label_weights: dict[str, float] = Field(
         default_factory=dict, description="loss weight per label source (judge, qa, usage); 1 when not given")
+    label_weight_by: Literal["none", "agreement"] = Field(
+        "none", description="agreement: a row's weight is also floor + (1 - floor) * agreement of its judges "
+                            "(labels of a consensus run); rows without an agreement keep their source weight")
+    agreement_floor: float = Field(0.1, gt=0.0, lt=1.0, description="weight factor of a row whose judges disagree "
+                                                                      "completely (agreement 0)")
     folds: int | None = Field(None, ge=2, description="k-fold by conversation: train K times, each fold held out once")
     stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
@@ -153,6 +158,13 @@ class TrainSettings(ConfigModel):
     def weight_of(self, source: str) -> float:
         """The loss weight of a label row from `source`."""
         return float(self.label_weights.get(source, 1.0))
+
+    def agreement_factor(self, agreement: float | None) -> float:
+        """The factor `label_weight_by: agreement` puts on a row: floor + (1 - floor) * agreement (1 without one)."""
+        if self.label_weight_by != "agreement" or agreement is None:
+            return 1.0
+        a = min(1.0, max(0.0, float(agreement)))
+        return self.agreement_floor + (1.0 - self.agreement_floor) * a
 
     def scorer_config(self, stage: str | None = None, seed: int | None = None) -> ScorerConfig:
         """The `ScorerConfig` of a (stage, seed) artifact (LoRA settings only for stage 2)."""

@@ -24,14 +24,19 @@ def load_labels(cfg: TrainConfig, known: set[str], ledger: Ledger) -> tuple[pa.T
     """Read every label table of `cfg.labels`, reject unusable rows, resolve bullets labelled twice.
 
     Each row gets the loss weight of its source (`cfg.label_weights`; a table without a
-    `source` column is `judge`). Conflict rule: a bullet labelled by several rows keeps the
+    `source` column is `judge`), times its agreement factor with `label_weight_by: agreement`
+    (`TrainSettings.agreement_factor`, from the `agreement` column of consensus labels; tables
+    without that column keep factor 1, and no such table at all is an error). Conflict rule:
+    a bullet labelled by several rows keeps the
     row whose source has the highest weight; on a tie, the row of the table listed first.
     Superseded rows are rejected with the winner named (so seen = written + rejected holds).
     Returns (bullet_id, label, weight, source) sorted by bullet_id, and the counts.
     """
     best: dict[str, tuple[float, int, float, str, str]] = {}  # bullet -> (weight, -table, label, source, path)
+    factor: dict[str, float] = {}  # bullet -> agreement factor of its winning row
     n_rows = n_invalid = n_superseded = 0
     by_source: dict[str, int] = {}
+    with_agreement = 0
     for t_index, label_dir in enumerate(cfg.labels):
         labels_path = label_dir / "labels.parquet"
         table = read_table(labels_path, "labels")
@@ -39,7 +44,11 @@ def load_labels(cfg: TrainConfig, known: set[str], ledger: Ledger) -> tuple[pa.T
         n_rows += n
         ledger.saw("label", n)
         sources = table.column("source").to_pylist() if "source" in table.column_names else ["judge"] * n
-        for bid, y, src in zip(table.column("bullet_id").to_pylist(), table.column("label").to_pylist(), sources):
+        has_agreement = "agreement" in table.column_names
+        with_agreement += has_agreement
+        agreements = table.column("agreement").to_pylist() if has_agreement else [None] * n
+        for bid, y, src, agr in zip(table.column("bullet_id").to_pylist(), table.column("label").to_pylist(), sources,
+                                    agreements):
             reason = None
             if bid not in known:
                 reason = "label for a bullet_id that is not in bullets.parquet"
@@ -56,6 +65,7 @@ def load_labels(cfg: TrainConfig, known: set[str], ledger: Ledger) -> tuple[pa.T
             cur = best.get(bid)
             if cur is None or row[:2] > cur[:2]:
                 best[bid] = row
+                factor[bid] = cfg.agreement_factor(agr)
                 loser = cur
             else:
                 loser = row
@@ -65,6 +75,10 @@ def load_labels(cfg: TrainConfig, known: set[str], ledger: Ledger) -> tuple[pa.T
                 ledger.reject(source=loser[4], record=str(bid), field="label", kind="label",
                               reason=f"superseded: the bullet is also labelled by source {winner[3]!r} "
                                      f"(weight {winner[0]:g}) in {winner[4]}", value=loser[2])
+    if cfg.label_weight_by == "agreement" and not with_agreement:
+        where = ", ".join(str(d / "labels.parquet") for d in cfg.labels)
+        raise TrainError(f"label_weight_by=agreement: no label table has an `agreement` column ({where}); it is written "
+                         "by `memprune label --judge-set A.yaml,B.yaml` or `--judge-samples k`")
     ledger.wrote("label", len(best))
     ids = sorted(best)
     for bid in ids:
@@ -72,11 +86,15 @@ def load_labels(cfg: TrainConfig, known: set[str], ledger: Ledger) -> tuple[pa.T
     resolved = pa.table({
         "bullet_id": pa.array(ids, pa.string()),
         "label": pa.array([best[b][2] for b in ids], pa.float64()),
-        "weight": pa.array([best[b][0] for b in ids], pa.float64()),
+        "weight": pa.array([best[b][0] * factor[b] for b in ids], pa.float64()),
         "source": pa.array([best[b][3] for b in ids], pa.string()),
     })
     counts = {"labels": n_rows, "labels_rejected": n_invalid, "labels_superseded": n_superseded,
               "labels_by_source": dict(sorted(by_source.items()))}
+    if cfg.label_weight_by == "agreement":
+        f = [factor[b] for b in ids]
+        counts["agreement_weight"] = {"floor": cfg.agreement_floor, "mean_factor": sum(f) / len(f) if f else None,
+                                      "tables_with_agreement": with_agreement}
     return resolved, counts
 
 

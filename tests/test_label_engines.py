@@ -1,0 +1,227 @@
+"""Listwise, likelihood and consensus judging end to end on real engines: a scripted OpenAI-compatible server
+(listwise with malformed lists retried then falling back, orders, resume after a real SIGKILL) and the `hf`
+engine on the tiny random model (listwise fallback, likelihood gains checked against transformers, a
+consensus of two judges with agreement, resume)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from tiny_llm import TinyOpenAIServer, build_tiny_llm, direct_gain, two_session_corpus
+
+from memprune.io import read_table
+from memprune.label import LabelConfig, run_label
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+BULLETS = ["fact zero", "fact one", "fact two"]
+TURNS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+LIST_SCORES = {"fact zero": 1, "fact one": 8, "fact two": 4}  # the scripted listwise judge, 0-10
+PAIR_SCORES = {"fact zero": 0.3, "fact one": 0.6, "fact two": "not a score"}  # the scripted pairwise judge
+
+
+def _scripted(body: dict) -> str:
+    """Lists: scores by bullet text, except the lists of `gamma` (malformed: retried, then pairwise fallback)."""
+    time.sleep(float(os.environ.get("MEMPRUNE_TEST_SCRIPT_DELAY", "0")))
+    user = body["messages"][-1]["content"]
+    target = re.search(r"<target[^>]*>(.*?)</target>", user, re.S).group(1).strip()
+    if "<bullets>" in user:
+        if target == "gamma":
+            return "These bullets all look relevant to me."
+        items = re.findall(r'<bullet id="(\d+)">(.*?)</bullet>', user)
+        return json.dumps([{"id": int(i), "score": LIST_SCORES[text]} for i, text in items])
+    bullet = re.search(r"<bullet>(.*?)</bullet>", user, re.S).group(1).strip()
+    value = PAIR_SCORES[bullet]
+    return json.dumps({"score": value}) if isinstance(value, float) else value
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llm: str):
+    with TinyOpenAIServer(tiny_llm, responder=_scripted, idle_timeout=300) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return two_session_corpus(tmp_path_factory.mktemp("corpus"), BULLETS, TURNS)
+
+
+def _http_llm(server: TinyOpenAIServer) -> dict:
+    return {"engine": "http", "model": "tiny", "base_url": server.base_url, "qps": 50, "http_retries": 1,
+            "batch_size": 4, "stage_num_cpus": 0.25, "max_retries": 1, "response_format": "json_object"}
+
+
+@pytest.fixture(scope="module")
+def listwise_run(ray_local, server: TinyOpenAIServer, corpus: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("listwise")
+    before = len(server.requests)
+    # one shard (fewest passes); the resume test below cuts the same work into 3 shards and must agree byte for byte
+    cfg = LabelConfig(data=corpus, out=out, judge="llm", judge_mode="listwise", listwise={"orders": 2},
+                      llm=_http_llm(server), shard_size=64, context_turns=1, progress=False)
+    summary = run_label(cfg)
+    return out, summary, server.requests[before:]
+
+
+def test_listwise_scores_orders_fallback_and_accounting(listwise_run):
+    out, summary, requests = listwise_run
+    pairs = {(p["bullet_id"], p["turn_id"]): p for p in read_table(out / "pairs.parquet", "pairs").to_pylist()}
+    assert len(pairs) == len(BULLETS) * len(TURNS)
+    for (bid, tid), p in pairs.items():
+        text = BULLETS[int(bid.rsplit("b", 1)[1])]
+        if tid.endswith("t2"):  # gamma: both orders malformed after a retry -> the pairwise judge
+            assert p["judge_mode"] == "pairwise" and p["judge"] == "llm:http:tiny:judge_v1"
+            assert p["list_position"] is None
+            if isinstance(PAIR_SCORES[text], float):
+                assert p["score"] == pytest.approx(PAIR_SCORES[text]) and p["error"] is None
+            else:
+                assert p["score"] is None and "unparseable" in p["error"]
+        else:
+            assert p["judge_mode"] == "listwise" and p["judge"] == "llm:http:tiny:judge_listwise_v1"
+            assert p["score"] == pytest.approx(LIST_SCORES[text] / 10) and p["list_size"] == 3
+            assert 0 <= p["list_position"] < 3
+    # every list shown the bullets numbered 1..3 in a shuffled order, and the second order reversed
+    lists = [r["body"]["messages"][-1]["content"] for r in requests if "<bullets>" in r["body"]["messages"][-1]["content"]]
+    shown = [tuple(re.findall(r'<bullet id="\d+">(.*?)</bullet>', u)) for u in lists]
+    assert all(sorted(s) == sorted(BULLETS) for s in shown)
+    assert len(set(shown)) > 1  # not always the same order
+    lw, c = summary["listwise"], summary["counts"]
+    assert (lw["lists_sent"], lw["lists_failed"], lw["chunks_fallback"], lw["pairs_fallback"]) == (12, 2, 1, 3)
+    assert len(lists) == 10 + 2 * 2  # the two malformed lists were retried once
+    assert lw["order_agreement"]["spearman"] == pytest.approx(1.0) and lw["order_agreement"]["pairs"] == 15
+    assert set(lw["position_bias"]) == {"0", "1", "2"}
+    # every pair accounted once: seen = labelled + error; calls and tokens are the server's
+    assert summary["reconciles"] and c["pairs"] == c["pairs_scored"] + c["pairs_error"] == 18
+    assert c["pairs_by_mode"] == {"listwise": 15, "pairwise": 3} and c["pairs_error"] == 1
+    m = summary["cost"]["measured"]
+    assert m["llm_calls"] == len(requests) == 14 + 3 + 1  # 12 lists + 2 retries, 3 fallback pairs + 1 retry
+    assert m["prompt_tokens"] > 0 and m["prompt_tokens_per_labelled_pair"] == pytest.approx(m["prompt_tokens"] / 17)
+    planned = summary["cost"]["planned"]
+    assert planned["calls"] == 12 and 0 < planned["prefix_cache_reusable_share"] < 1
+    assert "## Listwise" in (out / "label.md").read_text()
+
+
+def test_listwise_resume_after_sigkill_is_byte_identical(listwise_run, server: TinyOpenAIServer, corpus: Path,
+                                                        tmp_path: Path):
+    ref_out, ref, _ = listwise_run
+    llm_yaml = tmp_path / "llm.yaml"
+    llm_yaml.write_text(yaml.safe_dump(_http_llm(server)))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "memprune.cli", "label", "--data", str(corpus), "--out", str(out), "--judge", "llm",
+           "--judge-mode", "listwise", "--listwise-orders", "2", "--llm-config", str(llm_yaml), "--shard-size", "6",
+           "--context", "1", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MEMPRUNE_TEST_SCRIPT_DELAY": "0.2"}
+    os.environ["MEMPRUNE_TEST_SCRIPT_DELAY"] = "0.2"  # the server runs in this process: slow it down for the kill
+    try:
+        with open(tmp_path / "killed.log", "wb") as log:
+            proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=log)
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and proc.poll() is None:
+                if list(out.glob(".work/*/lists-*.parquet")):
+                    proc.send_signal(signal.SIGKILL)
+                    break
+                time.sleep(0.05)
+            proc.wait(timeout=30)
+    finally:
+        os.environ.pop("MEMPRUNE_TEST_SCRIPT_DELAY", None)
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
+    assert not (out / "pairs.parquet").exists()
+    cfg = LabelConfig(data=corpus, out=out, judge="llm", judge_mode="listwise", listwise={"orders": 2},
+                      llm_config=llm_yaml, shard_size=6, context_turns=1, progress=False)
+    again = run_label(cfg)
+    assert 1 <= again["throughput"]["shards_reused"] < again["throughput"]["shards_total"] == 3
+    for name in ("pairs.parquet", "labels.parquet", "unlabelled.jsonl"):
+        assert (out / name).read_bytes() == (ref_out / name).read_bytes(), name
+    assert again["counts"] == ref["counts"] and again["cost"]["measured"] == ref["cost"]["measured"]
+    assert again["listwise"] == ref["listwise"]
+
+
+# ---------------------------------------------------------------- the hf engine on the tiny random model
+
+
+def _hf_llm(model: str, **kw) -> dict:
+    return {"engine": "hf", "model": model, "dtype": "float32", "max_model_len": 2048, "batch_size": 8,
+            "stage_num_cpus": 0.25, "max_retries": 1, **kw}
+
+
+def test_hf_listwise_consensus_of_samples_falls_back_to_pairwise(ray_local, tiny_llm: str, corpus: Path,
+                                                                 tmp_path: Path):
+    llm = _hf_llm(tiny_llm, max_retries=0, sampling={"max_tokens": {"judge": 6, "listwise": 6}})
+    summary = run_label(LabelConfig(data=corpus, out=tmp_path, judge="llm", judge_mode="listwise", judge_samples=2,
+                                    llm=llm, listwise={"tokens_per_bullet": 4}, progress=False))
+    pairs = read_table(tmp_path / "pairs.parquet", "pairs").to_pylist()
+    lw, c = summary["listwise"], summary["counts"]
+    # the random model writes noise (hf has no structured output): every list of both samples fails and its
+    # bullets go to the pairwise judge, sample by sample
+    assert lw["lists_sent"] == 2 * len(TURNS) and lw["lists_failed"] == 2 * len(TURNS)
+    assert lw["chunks_fallback"] == 2 * len(TURNS) and lw["pairs_fallback"] == 2 * len(pairs) == 36
+    assert {p["judge_mode"] for p in pairs} == {"pairwise"} and c["pairs_by_mode"] == {"pairwise": 18}
+    assert summary["reconciles"] and c["pairs"] == c["pairs_scored"] + c["pairs_error"] == 18
+    assert summary["cost"]["measured"]["llm_calls"] == 2 * len(TURNS) + 36  # no retries: one call per list and pair
+    assert summary["judges"] == [f"{summary['judges'][0].split('#')[0]}#s{k}" for k in range(2)]
+    long = pq.read_table(tmp_path / "pairs_by_judge.parquet").to_pylist()
+    assert len(long) == 36
+    for p in pairs:  # a pair is an error only when both samples failed on it
+        mine = [r for r in long if (r["bullet_id"], r["turn_id"]) == (p["bullet_id"], p["turn_id"])]
+        scored = [r["score"] for r in mine if r["score"] is not None]
+        assert p["n_judges"] == len(scored) and (p["error"] is None) == bool(scored)
+        if scored:
+            assert p["score"] == pytest.approx(np.mean(scored))
+
+
+def test_hf_likelihood_consensus_of_two_judges_with_agreement_and_resume(ray_local, tiny_llm: str, corpus: Path,
+                                                                        tmp_path: Path):
+    other = str(build_tiny_llm(tmp_path / "tiny-seed1", seed=1))
+    files = []
+    for i, model in enumerate((tiny_llm, other)):
+        files.append(tmp_path / f"judge{i}.yaml")
+        files[-1].write_text(yaml.safe_dump(_hf_llm(model)))
+    out = tmp_path / "out"
+    cfg = LabelConfig(data=corpus, out=out, judge="likelihood", judge_set=files, progress=False)
+    summary = run_label(cfg)
+    n_pairs, n_turns = len(BULLETS) * len(TURNS), len(TURNS)
+    c, lk = summary["counts"], summary["likelihood"]
+    assert summary["reconciles"] and c["pairs"] == c["pairs_scored"] == n_pairs
+    assert lk["baselines"] == 2 * n_turns  # one no-memory baseline per target turn, per judge
+    assert summary["cost"]["measured"]["llm_calls"] == 2 * (n_pairs + n_turns)
+    assert len(summary["judges"]) == 2 and summary["judge"].startswith("consensus:likelihood:hf:")
+
+    long = pq.read_table(out / "pairs_by_judge.parquet").to_pylist()
+    assert len(long) == 2 * n_pairs and {r["judge_mode"] for r in long} == {"likelihood"}
+    pairs = {(p["bullet_id"], p["turn_id"]): p for p in read_table(out / "pairs.parquet", "pairs").to_pylist()}
+    for (bid, tid), p in pairs.items():
+        mine = [r["score"] for r in long if (r["bullet_id"], r["turn_id"]) == (bid, tid)]
+        assert p["n_judges"] == 2 and p["score"] == pytest.approx(np.mean(mine))
+        assert p["spread"] == pytest.approx(np.std(mine)) and p["judge_mode"] == "likelihood"
+    labels = read_table(out / "labels.parquet", "labels").to_pylist()
+    assert len(labels) == len(BULLETS) and all(r["n_judges"] == 2 for r in labels)
+    assert all(r["agreement"] == pytest.approx(1 - 2 * r["spread"]) for r in labels)
+    ag = summary["agreement"]
+    assert set(ag) == {"pairs", "labels"} and len(ag["pairs"]["spearman"]) == 1
+    assert ag["pairs"]["units_all_judges"] == n_pairs and ag["pairs"]["krippendorff_alpha_interval"] is not None
+
+    # the gain of one pair, recomputed with transformers alone, maps to the judge's score
+    from memprune.label.likelihood import gain_to_score
+
+    gain = direct_gain(tiny_llm, corpus, "fact one", target_pos=3)
+    first = [r for r in long if r["bullet_id"] == "c:s1:b1" and r["turn_id"] == "c:s2:t3"
+             and "#j" not in r["judge"] and r["judge"] == summary["judges"][0]]
+    assert first and first[0]["score"] == pytest.approx(float(gain_to_score(np.array([gain]))[0]), abs=1e-6)
+
+    # resume: lose the second judge's work (one shard); only it is redone, and the tables are identical
+    ref = {n: (out / n).read_bytes() for n in ("pairs.parquet", "labels.parquet", "pairs_by_judge.parquet")}
+    (shard,) = Path(summary["work_dirs"][1]).glob("gains-*.parquet")
+    shard.unlink()
+    again = run_label(cfg)
+    assert again["throughput"]["shards_reused"] == 1 and again["throughput"]["pairs_judged_this_run"] == n_pairs
+    assert {n: (out / n).read_bytes() for n in ref} == ref
