@@ -317,15 +317,17 @@ def fit_calibration(
 # ---------------------------------------------------------------- which scores a consumer uses
 
 
-def resolve_score_mode(requested: ScoreMode, calibration: Calibration | None, where: str) -> tuple[bool, str | None]:
-    """(use calibrated scores?, a note) for a requested score mode and an artifact's calibration (or None).
+def resolve_score_mode(requested: ScoreMode, has_calibration: bool, where: str) -> tuple[bool, str | None]:
+    """(use calibrated scores?, a note) for a requested score mode and whether the artifact has a calibration.
 
     `auto` uses the calibration where there is one and says so when it falls back to raw scores;
     `calibrated` without a calibration is a `CalibrationError` naming the artifact `where`.
     """
+    if requested not in ("auto", "raw", "calibrated"):
+        raise CalibrationError(f"score {requested!r}: expected auto, raw or calibrated")
     if requested == "raw":
         return False, None
-    if calibration is not None:
+    if has_calibration:
         return True, None
     if requested == "calibrated":
         raise CalibrationError(f"{where}: score 'calibrated' asked for, but the scorer artifact has no "
