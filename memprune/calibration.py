@@ -12,7 +12,11 @@ with two candidate maps:
 
 The kept method is the one with the lower Brier score on the validation split, measured by
 cross-fitting inside it (K folds by conversation, so the choice is not an in-sample one); it is
-then refitted on the whole validation split. The result is stored as `calibration.json` in the
+then refitted on the whole validation split. With `select="one_se"` (the default of `memprune
+train`) the simpler map (Platt, two parameters) is kept unless isotonic's Brier is lower by more
+than one standard error of the paired per-row difference (the one-standard-error rule): isotonic's
+many knots overfit the sparse ends of a small validation split, and a difference inside the noise
+is no reason to take that risk. The result is stored as `calibration.json` in the
 scorer artifact (JSON, never pickle). Pure numpy/scipy: no Ray, no torch.
 """
 
@@ -33,6 +37,8 @@ from memprune.io import write_json
 CALIBRATION_FILE = "calibration.json"
 CALIBRATION_FORMAT = 1
 METHODS = ("isotonic", "platt")
+SIMPLER_FIRST = ("platt", "isotonic")  # by number of parameters, for the one-standard-error rule
+Select = Literal["lowest", "one_se"]
 Method = Literal["isotonic", "platt"]
 ScoreMode = Literal["auto", "raw", "calibrated"]
 _EPS = 1e-6
@@ -262,8 +268,10 @@ def fit_calibration(
     bins: int = 10,
     min_rows: int = 50,
     seed: int = 0,
+    select: Select = "lowest",
 ) -> Calibration:
-    """Fit each method on validation (raw score, label) pairs; keep the one with the lower cross-fitted Brier.
+    """Fit each method on validation (raw score, label) pairs; keep the one with the lower cross-fitted Brier
+    (`select="one_se"`: the simpler one unless the other is lower by more than one standard error).
 
     `groups` (e.g. conversation ids) keeps a group's rows in one fold. Raises `CalibrationError` when
     the rows cannot support a fit (too few, non-finite, or only one class).
@@ -289,6 +297,7 @@ def fit_calibration(
     k = max(2, min(cv_folds, n if g is None else len(np.unique(g))))
     fold = _folds(n, g, k, seed)
     candidates: dict[str, dict[str, float]] = {}
+    errors: dict[str, np.ndarray] = {}
     for method in methods:
         cross = np.empty(n)
         for f in range(k):
@@ -302,15 +311,28 @@ def fit_calibration(
                 continue
             cross[test] = np.clip(_APPLY[method](_FIT[method](s[train], yt), s[test]), 0.0, 1.0)
         candidates[method] = {"cv_brier": brier(cross, y), "cv_ece": ece(cross, y, bins)}
-    best = min(candidates, key=lambda m: (candidates[m]["cv_brier"], METHODS.index(m)))
+        errors[method] = (cross - y) ** 2
+    lowest = min(candidates, key=lambda m: (candidates[m]["cv_brier"], SIMPLER_FIRST.index(m)))
+    for m in candidates:  # standard error of the paired Brier difference to the lowest
+        d = errors[m] - errors[lowest]
+        candidates[m]["se_vs_lowest"] = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+    best = lowest
+    if select == "one_se":
+        best = next(m for m in SIMPLER_FIRST if m in candidates and candidates[m]["cv_brier"]
+                    <= candidates[lowest]["cv_brier"] + candidates[m]["se_vs_lowest"])
+    elif select != "lowest":
+        raise CalibrationError(f"calibration select {select!r}: expected lowest or one_se")
     params = _FIT[best](s, y)
     fitted = np.clip(_APPLY[best](params, s), 0.0, 1.0)
     validation = {
         "n": n, "n_relevant": pos, "cv_folds": k, "grouped": g is not None,
         "raw": _summary(s, y, bins), "calibrated": _summary(fitted, y, bins),
-        "candidates": candidates, "chosen_by": "lowest cross-fitted validation Brier",
+        "candidates": candidates, "lowest_cv_brier": lowest,
+        "chosen_by": "lowest cross-fitted validation Brier" if select == "lowest" else
+        "simplest map within one standard error of the lowest cross-fitted validation Brier",
     }
-    settings = {"methods": list(methods), "cv_folds": cv_folds, "bins": bins, "min_rows": min_rows, "seed": seed}
+    settings = {"methods": list(methods), "cv_folds": cv_folds, "bins": bins, "min_rows": min_rows, "seed": seed,
+                "select": select}
     return Calibration(best, float(relevance_threshold), params, validation, settings)  # type: ignore[arg-type]
 
 

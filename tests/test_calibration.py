@@ -98,6 +98,21 @@ def test_the_kept_method_has_the_lower_cross_fitted_brier() -> None:
     assert only.method == "isotonic" and set(only.validation["candidates"]) == {"isotonic"}
 
 
+def test_one_standard_error_rule_prefers_platt_within_the_noise() -> None:
+    rng = np.random.default_rng(1)
+    s = rng.uniform(0.3, 0.6, 400)
+    y = (rng.uniform(size=400) < (s - 0.3) / 0.3 * 0.8 + 0.1).astype(float)  # linear truth: both maps are close
+    lowest, one_se = fit_calibration(s, y, select="lowest"), fit_calibration(s, y, select="one_se")
+    c = one_se.validation["candidates"]
+    assert lowest.method == one_se.validation["lowest_cv_brier"] == "isotonic"  # isotonic is lower ...
+    assert c["platt"]["cv_brier"] - c["isotonic"]["cv_brier"] < c["platt"]["se_vs_lowest"]  # ... within one SE
+    assert one_se.method == "platt" and one_se.settings["select"] == "one_se"
+    # a clear isotonic win (the plateau above) survives the rule
+    s2 = rng.uniform(0.3, 0.6, 3000)
+    y2 = (rng.uniform(size=3000) < np.where(s2 > 0.4, 0.7, 0.1)).astype(float)
+    assert fit_calibration(s2, y2, select="one_se").method == "isotonic"
+
+
 def test_fit_refuses_rows_that_cannot_calibrate() -> None:
     s = np.linspace(0.2, 0.8, 100)
     with pytest.raises(CalibrationError, match="one side of the relevance threshold"):

@@ -30,7 +30,7 @@ from memprune.train.config import CalibrationSettings, TrainError
 def _settings_of(cfg: CalibrationSettings) -> dict[str, Any]:
     """What a stored calibration must match to be reused (its `settings` plus the relevance threshold)."""
     return {"methods": list(cfg.methods), "cv_folds": cfg.cv_folds, "bins": cfg.bins, "min_rows": cfg.min_rows,
-            "seed": 0, "relevance_threshold": cfg.relevance_threshold}
+            "seed": 0, "select": cfg.select, "relevance_threshold": cfg.relevance_threshold}
 
 
 def record(cal: Calibration) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def calibrate_predictions(cfg: CalibrationSettings, artifact: Path, pred: pa.Tab
         cal = fit_calibration(
             valid.column("score").to_numpy(), valid.column("label").to_numpy(), cfg.relevance_threshold,
             groups=np.asarray(valid.column("conversation_id").to_pylist(), dtype=object).astype(str),
-            methods=cfg.methods, cv_folds=cfg.cv_folds, bins=cfg.bins, min_rows=cfg.min_rows,
+            methods=cfg.methods, cv_folds=cfg.cv_folds, bins=cfg.bins, min_rows=cfg.min_rows, select=cfg.select,
         )
     except CalibrationError as exc:
         write_calibration(artifact, None)

@@ -88,6 +88,9 @@ class CalibrationSettings(ConfigModel):
         default_factory=lambda: ["isotonic", "platt"], min_length=1,
         description="candidates; the one with the lower cross-fitted validation Brier score is kept")
     cv_folds: int = Field(5, ge=2, description="folds (by conversation) of the cross-fitting that picks the method")
+    select: Literal["lowest", "one_se"] = Field(
+        "one_se", description="lowest: the lower cross-fitted Brier; one_se: Platt unless isotonic is lower by more "
+        "than one standard error of the paired difference")
     bins: int = Field(10, ge=2, description="equal-width bins of the ECE and the reliability diagram")
     min_rows: int = Field(50, ge=2, description="fewer validation rows: no calibration (raw scores only)")
 

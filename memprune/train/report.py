@@ -66,8 +66,9 @@ def calibration_lines(runs: list[dict[str, Any]]) -> list[str]:
     thr = next((r["calibration"].get("relevance_threshold") for r in runs
                 if r.get("calibration") and "method" in r["calibration"]), None)
     return ["## Calibration (validation split)", "",
-            f"Raw score -> P(label >= {fmt(thr)}), fitted on the validation split; the method with the lower "
-            "cross-fitted validation Brier is kept (calibration.json in each artifact). The calibrated numbers "
+            f"Raw score -> P(label >= {fmt(thr)}), fitted on the validation split; the kept method has the lowest "
+            "cross-fitted validation Brier (one_se: Platt unless isotonic is lower by more than one standard error; "
+            "calibration.json in each artifact). The calibrated numbers "
             "below are in-sample; `memprune evaluate` reports them on the test split.", "",
             *table(["stage", "seed", "method", "Brier raw", "Brier calibrated", "ECE raw", "ECE calibrated"], rows),
             ""]
