@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from memprune.calibration import Calibration, write_calibration
 from memprune.prune import (
     GROUP_KEYS,
     MemoryPruner,
@@ -24,7 +25,6 @@ from memprune.prune import (
     run_prune,
     score_texts,
 )
-from memprune.calibration import Calibration, write_calibration
 from memprune.schema import BULLETS
 from memprune.scorer import Scorer, ScorerConfig
 from memprune.tokens import token_counter
