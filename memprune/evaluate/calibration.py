@@ -19,7 +19,7 @@ from memprune.calibration import CalibrationError, brier, ece, read_calibration,
 from memprune.evaluate.config import EvaluationError
 from memprune.evaluate.significance import aggregate
 from memprune.figures import new_figure, save_png
-from memprune.markdown import fmt, mean_std, table
+from memprune.markdown import mean_std, table
 
 
 def relevance_calibration(frames: dict[str, dict[int, pd.DataFrame]], artifacts: dict[str, dict[int, Path]],
@@ -88,7 +88,7 @@ def calibration_table(rc: dict[str, Any], label: Any) -> list[str]:
                      mean_std(e["raw"]["ece"]), mean_std(cal.get("ece")), mean_std(e["raw"]["brier"]),
                      mean_std(cal.get("brier"))])
     thr = {e["relevance_threshold"] for e in rc["stages"].values()}
-    return [f"Target: label >= {', '.join(fmt(t) for t in sorted(thr))} (relevant). Calibration maps were fitted on "
+    return [f"Target: label >= {', '.join(f'{t:g}' for t in sorted(thr))} (relevant). Calibration maps were fitted on "
             f"the validation split at training time; ECE over {rc['bins']} equal-width bins.", "",
             *table(["stage", "calibrated seeds", "method", "ECE raw", "ECE calibrated", "Brier raw",
                     "Brier calibrated"], rows),

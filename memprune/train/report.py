@@ -66,7 +66,7 @@ def calibration_lines(runs: list[dict[str, Any]]) -> list[str]:
     thr = next((r["calibration"].get("relevance_threshold") for r in runs
                 if r.get("calibration") and "method" in r["calibration"]), None)
     return ["## Calibration (validation split)", "",
-            f"Raw score -> P(label >= {fmt(thr)}), fitted on the validation split; the kept method has the lowest "
+            f"Raw score -> P(label >= {'the relevance threshold' if thr is None else f'{thr:g}'}), fitted on the validation split; the kept method has the lowest "
             "cross-fitted validation Brier (one_se: Platt unless isotonic is lower by more than one standard error; "
             "calibration.json in each artifact). The calibrated numbers "
             "below are in-sample; `memprune evaluate` reports them on the test split.", "",
