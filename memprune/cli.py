@@ -355,13 +355,15 @@ def prune(
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop bullets scored below this [default: 0.5]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep at most k per group, 0 = no cap [default: 5]."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
+    score: Optional[str] = typer.Option(None, "--score", help="auto (calibrated where the scorer has calibration.json), raw or calibrated [default: auto]."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
 ) -> None:
     """Score a bullets store with a trained scorer on Ray Data and prune it (threshold, then top-k per group)."""
     from memprune.prune import PruneConfig, run
 
-    values = {"scorer": scorer, "input": input, "out": out, "rule.threshold": threshold, "rule.group_by": group_by}
+    values = {"scorer": scorer, "input": input, "out": out, "rule.threshold": threshold, "rule.group_by": group_by,
+              "score": score}
     cfg, summary = run_stage(PruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
     console.print(f"kept {r['bullets_after']:.2f} of {r['bullets_before']:.2f} bullets per {cfg.rule.group_by} "

@@ -10,6 +10,11 @@ An artifact directory holds:
 - `head.safetensors`   the head weights
 - `adapter/`           stage 2 only: the peft LoRA adapter (`adapter_model.safetensors`,
                        `adapter_config.json`)
+- `calibration.json`   optional (written by `memprune train`): the map from raw score to
+                       P(relevant), see `memprune.calibration`
+
+`score(texts)` returns raw scores as before; `score(texts, calibrated=True)` returns calibrated
+probabilities and is an error for an artifact without a calibration.
 
 Everything is safetensors or JSON: loading never unpickles. `Scorer.load(path)` then
 `.score(texts)` works in-process, without Ray.
@@ -28,6 +33,7 @@ from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from memprune.calibration import Calibration, CalibrationError, read_calibration, write_calibration
 from memprune.config import ConfigModel
 from memprune.encoders import (  # noqa: F401  (DEFAULT_ENCODER and the resolvers are part of this API)
     DEFAULT_ENCODER,
@@ -158,8 +164,17 @@ def check_artifact(path: str | os.PathLike[str]) -> ScorerConfig:
         if want != got:
             raise ScorerError(f"{path / 'head.safetensors'}: head weights do not match scorer.json "
                               f"(tensors {sorted(got)} vs {sorted(want)})")
+    load_calibration(path)
     check_encoder(config.encoder)
     return config
+
+
+def load_calibration(path: str | os.PathLike[str]) -> Calibration | None:
+    """The artifact's calibration (None without calibration.json); a broken one is a `ScorerError` naming it."""
+    try:
+        return read_calibration(path)
+    except CalibrationError as exc:
+        raise ScorerError(str(exc)) from exc
 
 
 class Scorer(nn.Module):
@@ -172,6 +187,8 @@ class Scorer(nn.Module):
         self.tokenizer = tokenizer
         self.head = head
         self.precision: Precision = "auto"  # of the encoder's passes: see memprune.precision
+        self.calibration: Calibration | None = None  # raw score -> P(relevant), from calibration.json
+        self.source: Path | None = None  # the artifact directory it was loaded from
 
     # ------------------------------------------------------------- construction
 
@@ -268,9 +285,18 @@ class Scorer(nn.Module):
         dim = self.config.embedding_dim or 0
         return np.concatenate(chunks) if chunks else np.zeros((0, dim), dtype=np.float32)
 
+    def calibrate(self, raw: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Calibrated probabilities P(relevant) of this scorer's raw scores; `ScorerError` without a calibration."""
+        if self.calibration is None:
+            where = str(self.source) if self.source is not None else "this scorer"
+            raise ScorerError(f"{where}: calibrated scores asked for, but the artifact has no calibration.json")
+        return self.calibration.apply(raw)
+
     @torch.no_grad()
-    def score(self, texts: Sequence[str] | Iterable[str], batch_size: int = 64) -> np.ndarray:
-        """Usefulness scores in [0, 1] (float64, shape [n]) of `texts`, in order; eval mode, no Ray."""
+    def score(self, texts: Sequence[str] | Iterable[str], batch_size: int = 64, calibrated: bool = False) -> np.ndarray:
+        """Usefulness scores in [0, 1] (float64, shape [n]) of `texts`, in order; eval mode, no Ray.
+
+        Raw head outputs by default; `calibrated=True` maps them through the artifact's calibration."""
         texts = list(texts)
         bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
         if bad:
@@ -284,18 +310,20 @@ class Scorer(nn.Module):
             ]
         finally:
             self.train(was_training)
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
+        raw = np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
+        return self.calibrate(raw) if calibrated else raw
 
     @torch.no_grad()
-    def score_embeddings(self, embeddings: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Scores from precomputed embeddings of this scorer's encoder (the stage-1 shortcut)."""
+    def score_embeddings(self, embeddings: np.ndarray | torch.Tensor, calibrated: bool = False) -> np.ndarray:
+        """Scores from precomputed embeddings of this scorer's encoder (the stage-1 shortcut); raw or calibrated."""
         was_training = self.head.training
         self.head.eval()
         try:
             emb = torch.as_tensor(np.asarray(embeddings, dtype=np.float32), device=self.device)
-            return torch.sigmoid(self.head(emb)).double().cpu().numpy()
+            raw = torch.sigmoid(self.head(emb)).double().cpu().numpy()
         finally:
             self.head.train(was_training)
+        return self.calibrate(raw) if calibrated else raw
 
     # ------------------------------------------------------------- weights
 
@@ -323,8 +351,8 @@ class Scorer(nn.Module):
         return {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write `scorer.json`, `head.safetensors` and (stage 2) `adapter/` into `path`."""
-        return save_artifact(path, self.config, self.head_state(), self.adapter_state() or None)
+        """Write `scorer.json`, `head.safetensors`, (stage 2) `adapter/` and (if any) `calibration.json` into `path`."""
+        return save_artifact(path, self.config, self.head_state(), self.adapter_state() or None, self.calibration)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], device: str | torch.device | None = None,
@@ -336,6 +364,7 @@ class Scorer(nn.Module):
         head_weights = read_weights(path / "head.safetensors")
         adapter_file = path / "adapter" / "adapter_model.safetensors"
         adapter_weights = read_weights(adapter_file) if config.lora is not None else None
+        calibration = load_calibration(path)
         encoder, tokenizer = _load_encoder(config.encoder)
         dim = int(encoder.config.hidden_size)
         if config.embedding_dim is not None and config.embedding_dim != dim:
@@ -352,6 +381,7 @@ class Scorer(nn.Module):
             scorer.add_lora(config.lora, seed=0)
             scorer.load_adapter_state(adapter_weights)
         scorer.eval()
+        scorer.calibration, scorer.source = calibration, path
         if device is not None:
             scorer.to(device)
         resolve_precision(precision, scorer.device)  # a bad value fails here, not at the first batch
@@ -364,8 +394,10 @@ def save_artifact(
     config: ScorerConfig,
     head_state: dict[str, torch.Tensor],
     adapter_state: dict[str, torch.Tensor] | None = None,
+    calibration: Calibration | None = None,
 ) -> Path:
-    """Write a scorer artifact from weights alone (no encoder load): config, head, optional LoRA adapter.
+    """Write a scorer artifact from weights alone (no encoder load): config, head, optional LoRA adapter,
+    optional calibration (without one, a calibration.json left by earlier weights is removed).
 
     The adapter directory is a regular peft adapter (`PeftModel.from_pretrained` reads it).
     """
@@ -397,6 +429,7 @@ def save_artifact(
         raise ScorerError(f"{path}: the config names LoRA settings but no adapter weights were given")
     elif adapter.exists():
         raise ScorerError(f"{path}: holds an adapter/ from another run; use a fresh directory")
+    write_calibration(path, calibration)
     write_json(path / "scorer.json", config.model_dump(mode="json"))
     return path
 

@@ -315,3 +315,38 @@ def test_locomo_fixture_qa_retention(tmp_path, fixtures_dir):
     q = split["aggregate"]["stage1"]["pruning"]["t0.5_kall"]["qa"]
     assert 0 <= q["model_pct"]["mean"] <= 100 and 0 <= q["random_mean_pct"]["mean"] <= 100
     assert "### QA-evidence retention (external check)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_relevance_calibration_raw_vs_calibrated(tmp_path):
+    """A calibration.json beside a stage's predictions is applied to its test rows: ECE/Brier of both, the diagram."""
+    from memprune.calibration import Calibration, brier, ece, relevance, write_calibration
+
+    rng = np.random.default_rng(5)
+    n = 600
+    base = pd.DataFrame({"bullet_id": [f"c{i // 20}:s{(i // 5) % 4}:b{i % 5}" for i in range(n)],
+                         "conversation_id": [f"c{i // 20}" for i in range(n)],
+                         "session_index": [(i // 5) % 4 for i in range(n)], "split": "test"})
+    z = rng.normal(0, 1, n)
+    base["label"] = (rng.uniform(size=n) < 1 / (1 + np.exp(-(2 * z - 0.5)))).astype(float)
+    raw = 1 / (1 + np.exp(-(0.2 * z - 0.3)))  # squeezed around 0.43: badly calibrated as a probability
+    for seed in (0, 1):
+        write_predictions(tmp_path / "run", "vanilla", seed, base.assign(score=rng.random(n)))
+        write_predictions(tmp_path / "run", "stage1", seed, base.assign(score=raw))
+        # the exact inverse map: a = 2 / 0.2, b = -0.5 + 0.3 * 10
+        write_calibration(tmp_path / "run" / "stage1" / f"seed{seed}", Calibration("platt", 0.5, {"a": 10.0, "b": 2.5}))
+    result = evaluate_run(tmp_path / "run", tmp_path / "out")
+    rc = result["splits"]["test"]["relevance_calibration"]
+    s1, v = rc["stages"]["stage1"], rc["stages"]["vanilla"]
+    y = relevance(base["label"].to_numpy(), 0.5)
+    p = Calibration("platt", 0.5, {"a": 10.0, "b": 2.5}).apply(raw)
+    assert s1["per_seed"]["0"]["raw"] == pytest.approx({"brier": brier(raw, y), "ece": ece(raw, y)})
+    assert s1["per_seed"]["0"]["calibrated"] == pytest.approx({"brier": brier(p, y), "ece": ece(p, y)})
+    assert s1["calibrated"]["ece"]["mean"] < 0.06 < 0.15 < s1["raw"]["ece"]["mean"]
+    assert s1["calibrated_seeds"] == 2 and s1["methods"] == ["platt"] and sum(b["n"] for b in s1["reliability_calibrated"]) == 2 * n
+    assert v["calibrated_seeds"] == 0 and "calibrated" not in v and "reliability_calibrated" not in v
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "### Probability calibration (raw vs calibrated)" in report and "![reliability](reliability.png)" in report
+    assert (tmp_path / "out" / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "run" / "stage1" / "seed1" / "calibration.json").write_text("{")
+    with pytest.raises(EvaluationError, match=r"seed1/calibration.json: not readable JSON"):
+        evaluate_run(tmp_path / "run", tmp_path / "out2")

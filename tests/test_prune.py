@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from memprune.calibration import Calibration, write_calibration
 from memprune.prune import (
     GROUP_KEYS,
     MemoryPruner,
@@ -38,6 +40,16 @@ def scorer_dir(tmp_path_factory, minilm_path) -> Path:
     """A vanilla scorer artifact (MiniLM + seeded head): scores spread around 0.5."""
     path = tmp_path_factory.mktemp("scorer") / "vanilla"
     Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0, "dropout": 0.0}), seed=3).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def calibrated_dir(scorer_dir, tmp_path_factory) -> Path:
+    """The vanilla artifact plus a calibration.json: a steep Platt map with P = 0.5 at raw 0.45, so raw and
+    calibrated scores cut at 0.5 decide differently."""
+    path = tmp_path_factory.mktemp("calibrated") / "scorer"
+    shutil.copytree(scorer_dir, path)
+    write_calibration(path, Calibration("platt", 0.5, {"a": 4.0, "b": 0.8}))
     return path
 
 
@@ -170,6 +182,43 @@ def test_prune_json_matches_the_written_store(streamed, scorer_dir, pruner):
     assert kall["bullets_total_after"] == int((got["score"].to_numpy() >= 0.5).sum())
     assert summary["tokenizer"].startswith("tokens of the scorer's encoder tokenizer")
     assert "| t0.5_k3 (written) |" in (out / "prune.md").read_text()
+
+
+def test_batch_job_prunes_on_calibrated_scores_where_available(ray_local, calibrated_dir, scorer_dir, store,
+                                                              corpus, tmp_path):
+    out = tmp_path / "calibrated"
+    summary = _job(calibrated_dir, store, out)
+    assert summary["score"] == {"requested": "auto", "used": "calibrated", "note": None,
+                                "calibration": {"method": "platt", "relevance_threshold": 0.5}}
+    assert summary["scorer"]["calibration"] == {"method": "platt", "relevance_threshold": 0.5}
+    got = read_pruned(out)
+    expected = MemoryPruner(calibrated_dir, threshold=0.5, top_k=3).prune_table(corpus)  # auto: calibrated too
+    np.testing.assert_allclose(got["score"].to_numpy(), expected["score"].to_numpy(), atol=1e-5)
+    assert got["keep"].to_pylist() == expected["keep"].to_pylist()
+    assert "Scores: calibrated P(label >= 0.5) (platt)" in (out / "prune.md").read_text()
+    with pytest.raises(PruneError, match=r"score 'calibrated' asked for, but the scorer artifact has no calibration"):
+        _job(scorer_dir, store, tmp_path / "never", score="calibrated")  # refused on the driver, before Ray
+    assert not (tmp_path / "never" / "pruned").exists()
+
+
+def test_memory_pruner_raw_vs_calibrated(calibrated_dir, scorer_dir, corpus):
+    texts = corpus["text"].to_pylist()[:60]
+    loaded = Scorer.load(calibrated_dir)
+    assert loaded.calibration is not None and loaded.source == calibrated_dir
+    raw = MemoryPruner(loaded, threshold=0.5, top_k=None, score="raw")
+    cal = MemoryPruner(loaded, threshold=0.5, top_k=None)  # auto: the artifact has a calibration
+    assert cal.calibrated and cal.score_note is None and not raw.calibrated
+    r, c = raw.score(texts), cal.score(texts)
+    np.testing.assert_allclose(c, loaded.calibration.apply(r))
+    np.testing.assert_allclose(c, loaded.score(texts, calibrated=True), atol=1e-6)  # other batches: float noise
+    assert (np.diff(c[np.argsort(r, kind="stable")]) >= 0).all()  # the map keeps the raw order
+    keep_r, keep_c = raw.decide(texts)[1], cal.decide(texts)[1]
+    assert keep_r.tolist() == (r >= 0.5).tolist() and keep_c.tolist() == (c >= 0.5).tolist()
+    assert keep_c.sum() > keep_r.sum()  # raw scores in [0.45, 0.5) pass only once calibrated
+    plain = MemoryPruner(Scorer.load(scorer_dir), threshold=0.5)
+    assert not plain.calibrated and plain.score_note.endswith("has no calibration.json: pruned on raw scores")
+    with pytest.raises(PruneError, match="no calibration.json"):
+        MemoryPruner(plain.scorer, score="calibrated")
 
 
 def test_shuffle_path_for_interleaved_groups(ray_local, scorer_dir, store, corpus, pruner, tmp_path):

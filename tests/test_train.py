@@ -137,6 +137,7 @@ def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TrainConfig:
         "stage2": {"epochs": 1, "lr": 1e-3, "batch_size": 32, "patience": 1, "lora": {"r": 2, "alpha": 4}},
         "embed": {"batch_size": 64, "actors": 1},
         "ray": {"num_workers": 0},
+        "calibration": {"min_rows": 10},  # the tiny validation split still gets a calibration.json
     }
     for key, value in extra.items():
         base[key] = {**base[key], **value} if isinstance(value, dict) and isinstance(base.get(key), dict) else value
@@ -212,6 +213,39 @@ def test_local_mode_writes_every_artifact(local_run: Path, corpus: tuple[Path, P
     assert adapter.exists() and not (local_run / "stage1" / "seed0" / "adapter").exists()
     s1, v = (json.loads((local_run / s / "seed0" / "train.json").read_text()) for s in ("stage1", "vanilla"))
     assert s1["val_mse"] < v["val_mse"]  # training on the labels beats the untrained head
+
+
+def test_trained_stages_write_calibration_and_scorer_loads_it(local_run: Path, corpus: tuple[Path, Path]) -> None:
+    from memprune.calibration import METHODS, read_calibration
+    from memprune.scorer import ScorerError
+    from memprune.train.calibrate import ensure_calibration
+    from memprune.train.config import CalibrationSettings
+
+    run = json.loads((local_run / "run.json").read_text())
+    bullets = pq.read_table(corpus[0] / "bullets.parquet").to_pandas().set_index("bullet_id")
+    for stage in ("stage1", "stage2"):
+        d = local_run / stage / "seed0"
+        cal = read_calibration(d)
+        assert cal is not None and cal.method in METHODS and cal.relevance_threshold == 0.5
+        record = json.loads((d / "train.json").read_text())["calibration"]
+        assert record["method"] == cal.method and record["n_valid"] == cal.validation["n"] >= 10
+        assert set(record["valid_raw"]) == set(record["valid_calibrated"]) == {"brier", "ece"}
+        assert next(r for r in run["runs"] if r["stage"] == stage)["calibration"] == record
+        pred = pq.read_table(d / "predictions.parquet").slice(0, 8)
+        texts = [bullets.loc[b, "text"] for b in pred.column("bullet_id").to_pylist()]
+        scorer = Scorer.load(d)
+        assert scorer.calibration is not None and scorer.calibration.method == cal.method
+        raw = scorer.score(texts)
+        np.testing.assert_allclose(scorer.score(texts, calibrated=True), cal.apply(raw))
+        # a reused run whose calibration.json went missing is calibrated again from its predictions
+        (d / "calibration.json").unlink()
+        assert ensure_calibration(CalibrationSettings(min_rows=10), d) == record
+        assert read_calibration(d) == cal
+    assert "## Calibration (validation split)" in (local_run / "train.md").read_text()
+    vanilla = local_run / "vanilla" / "seed0"
+    assert read_calibration(vanilla) is None and "calibration" not in json.loads((vanilla / "train.json").read_text())
+    with pytest.raises(ScorerError, match="has no calibration.json"):
+        Scorer.load(vanilla).score(["a bullet"], calibrated=True)
 
 
 @pytest.mark.parametrize("stage", ["vanilla", "stage1", "stage2"])

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memprune.evaluate.calibration import calibration_table, figure_reliability
 from memprune.figures import new_figure, save_png
 from memprune.io import write_text
 from memprune.markdown import fmt, fmt_p, mean_std, stars, table
@@ -21,7 +22,8 @@ STAGE_LABELS = {"vanilla": "Vanilla", "stage1": "Stage 1", "stage2": "Stage 2"}
 REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",
                      "spearman": "Spearman (global) ↑"}
 CLASSIFICATION_LABELS = {"auc": "AUC (relevant = label >= threshold) ↑", "qa_auc": "AUC (QA-cited) ↑"}
-FIGURES = ("ranking_vs_k.png", "reduction_vs_threshold.png", "score_histogram.png", "calibration.png")
+FIGURES = ("ranking_vs_k.png", "reduction_vs_threshold.png", "score_histogram.png", "calibration.png",
+           "reliability.png")
 
 
 def stage_label(stage: str) -> str:
@@ -315,6 +317,9 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
         lines += ["### Significance", ""] + significance_table(split) + [""]
         lines += ["### Sessions used per ranking metric", ""] + sessions_used_table(split) + [""]
         lines += ["### Per seed", ""] + per_seed_table(split, ks) + [""]
+        if split.get("relevance_calibration"):
+            lines += ["### Probability calibration (raw vs calibrated)", ""]
+            lines += calibration_table(split["relevance_calibration"], stage_label) + [""]
         lines += [f"### Pruning at threshold {threshold} — the paper’s Table 4", ""]
         lines += pruning_table(split, table_names) + [""]
         lines += [f"### Threshold sensitivity (top-k {cap if cap is not None else 'none'})", ""]
@@ -336,6 +341,10 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
             figure_reduction(split, cfg["thresholds"], cap, out / "reduction_vs_threshold.png")
             figure_histograms(split, out / "score_histogram.png")
             figure_calibration(split, out / "calibration.png")
+            if split.get("relevance_calibration"):
+                figure_reliability(split["relevance_calibration"], stage_label, out / "reliability.png")
+                lines += ["Reliability of P(relevant), raw scores vs calibrated (pooled over seeds):", "",
+                          "![reliability](reliability.png)", ""]
             lines += ["### Figures", "",
                       "Ranking metrics against k (the paper’s Figure 4):", "", "![ranking vs k](ranking_vs_k.png)", "",
                       "Reduction and relevant bullets kept against the threshold:", "",

@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from memprune.evaluate import metrics as M
+from memprune.evaluate.calibration import relevance_calibration
 from memprune.evaluate.config import EvalConfig, EvalSettings, EvaluationError
 from memprune.evaluate.loading import (
     Corpus,
@@ -256,6 +257,10 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
                         "(wrong --data?)"
                     )
             result["splits"][split], table = _evaluate_split(split, frames, cfg, corpus)
+            if not folds:  # k-fold runs: each fold has its own calibration; not pooled here
+                artifacts = {s: {k: Path(p).parent for k, p in seeds.items()} for s, seeds in layout.items()}
+                result["splits"][split]["relevance_calibration"] = relevance_calibration(
+                    frames, artifacts, cfg.relevance_threshold, cfg.calibration_bins)
             tables.append(table)
 
         sessions = pd.concat(tables).reset_index()

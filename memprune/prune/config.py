@@ -69,6 +69,9 @@ class PruneSettings(ConfigModel):
     """Every option of the prune stage except the paths (the pipeline's `prune:` section)."""
 
     rule: PruneRule = Field(default_factory=PruneRule)
+    score: Literal["auto", "raw", "calibrated"] = Field(
+        "auto", description="which scores the rule sees: calibrated P(relevant) from the artifact's calibration.json, "
+        "raw head outputs, or auto = calibrated where the artifact has a calibration, else raw (noted in prune.json)")
     grouping: Literal["auto", "contiguous", "shuffle"] = Field(
         "auto", description="auto: stream when groups are contiguous, else shuffle; contiguous: require it; shuffle: always"
     )

@@ -144,6 +144,7 @@ class ScoreSettings:
     settings: list[tuple[float | None, int | None]]
     decide_here: bool
     tally: Any
+    calibrated: bool = False  # map raw scores through the artifact's calibration.json
 
 
 class ScoreActor(EncoderActor):
@@ -170,6 +171,8 @@ class ScoreActor(EncoderActor):
         texts = block.column("text").to_pylist()
         scores = score_texts(self.scorer, texts, s.batch_size, s.sort_by_length)
         check_scores(scores, block.column("bullet_id").to_pylist(), "prune")
+        if s.calibrated:
+            scores = self.scorer.calibrate(scores)
         t1 = time.perf_counter()
         tokens = self.count_tokens(texts)
         t2 = time.perf_counter()
@@ -232,9 +235,10 @@ _USER_ERRORS = {"PruneError", "SchemaError", "ScorerError", "EncoderError", "Tok
 
 
 def run_pipeline(
-    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Path,
+    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Path, calibrated: bool = False,
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Assemble and run the Ray Data pipeline; write the store into `tmp`; return counters and timing."""
+    """Assemble and run the Ray Data pipeline; write the store into `tmp`; return counters and timing.
+    `calibrated`: the actors map raw scores through the artifact's calibration (resolved on the driver)."""
     import ray
     from ray.data import DataContext
 
@@ -254,7 +258,8 @@ def run_pipeline(
             override_num_blocks=len(plan.blocks),  # no extra splitting of read outputs (it would cut groups)
         )
         score = ScoreSettings(str(Path(config.scorer).resolve()), config.batch_size, config.sort_by_length,
-                              config.precision, config.tokenizer, list(keys), settings, not shuffle, tally)
+                              config.precision, config.tokenizer, list(keys), settings, not shuffle, tally,
+                              calibrated=calibrated)
         ds = ds.map_batches(**ScoreActor.map_kwargs(score, res, batch_size=None, batch_format="pyarrow",
                                                     blocks=len(plan.blocks)))
         if shuffle:

@@ -28,6 +28,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"scorer `{summary['scorer']['path']}` (stage {summary['scorer']['stage'] or 'n/a'}, "
         f"encoder {summary['scorer']['encoder']}).",
         f"Tokens: {summary['tokenizer']}. Grouping: {g['mode']} ({g['reason']}).",
+        *score_line(summary.get("score")),
         "",
         *table(["setting", f"bullets/{unit} before", "after", "reduction %", f"tokens/{unit} before", "after",
                 "reduction %", f"{unit}s emptied %"], rows),
@@ -36,3 +37,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"{t['wall_s']} s ({t['bullets_per_s']} bullets/s); {time_line(t)}.",
         "",
     ])
+
+
+def score_line(score: dict[str, Any] | None) -> list[str]:
+    """Which scores the rule saw: calibrated P(relevant) (with the method) or raw, and why."""
+    if not score:
+        return []
+    cal = score.get("calibration")
+    what = (f"calibrated P(label >= {cal['relevance_threshold']}) ({cal['method']})" if score["used"] == "calibrated"
+            else "raw scorer outputs")
+    return [f"Scores: {what}; requested `{score['requested']}`." + (f" Note: {score['note']}." if score.get("note") else "")]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from memprune.calibration import CalibrationError, ScoreMode, resolve_score_mode
 from memprune.precision import Precision, resolve_precision
 from memprune.prune.config import PruneError, PruneRule
 from memprune.prune.rule import prune_mask
@@ -114,11 +115,14 @@ class MemoryPruner:
     `top_k` best (ties: earlier bullet first) and returns the kept ones in input order.
     `scorer` is a loaded `Scorer` or an artifact directory; the rule is a `PruneRule` or its
     fields as keywords (unset fields take the rule's defaults). `precision` is that of the forward
-    passes (`auto`: bf16 on a CUDA device that supports it, else fp32).
+    passes (`auto`: bf16 on a CUDA device that supports it, else fp32). `score` is the batch job's
+    setting: `auto` (calibrated where the artifact has a calibration.json, else raw; `score_note` says
+    so), `raw`, or `calibrated` (an error without a calibration); `calibrated` tells which was used.
     """
 
     def __init__(self, scorer: Any, rule: PruneRule | None = None, batch_size: int = 64, sort_by_length: bool = True,
-                 device: str | None = None, precision: Precision | None = None, **rule_fields: Any) -> None:
+                 device: str | None = None, precision: Precision | None = None, score: ScoreMode = "auto",
+                 **rule_fields: Any) -> None:
         from memprune.scorer import Scorer
 
         if rule is not None and rule_fields:
@@ -133,6 +137,11 @@ class MemoryPruner:
                 resolve_precision(precision, scorer.device)
                 scorer.precision = precision
         self.scorer = scorer
+        where = str(getattr(scorer, "source", None) or "the scorer")
+        try:
+            self.calibrated, self.score_note = resolve_score_mode(score, getattr(scorer, "calibration", None) is not None, where)
+        except CalibrationError as exc:
+            raise PruneError(str(exc)) from exc
         self.batch_size = batch_size
         self.sort_by_length = sort_by_length
 
@@ -141,7 +150,7 @@ class MemoryPruner:
         texts = [bullet_text(b, i) for i, b in enumerate(bullets)]
         scores = score_texts(self.scorer, texts, self.batch_size, self.sort_by_length)
         check_scores(scores, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner")
-        return scores
+        return self.scorer.calibrate(scores) if self.calibrated else scores
 
     def decide(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, keep mask) for `bullets`; all one group unless per-bullet `groups` are given."""
@@ -169,5 +178,7 @@ class MemoryPruner:
             raise PruneError(f"<table>: column {missing[0]!r} missing")
         scores = score_texts(self.scorer, table.column("text").to_pylist(), self.batch_size, self.sort_by_length)
         check_scores(scores, table.column("bullet_id").to_pylist(), "MemoryPruner.prune_table")
+        if self.calibrated:
+            scores = self.scorer.calibrate(scores)
         keep = decide(scores, group_keys_of(table, rule.keys), rule.threshold, rule.top_k)
         return with_outputs(table, scores, keep)

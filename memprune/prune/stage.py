@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
+from memprune.calibration import CalibrationError, resolve_score_mode
 from memprune.encoders import EncoderError
 from memprune.io import OutputSet, check_out, write_summary
 from memprune.prune.config import PruneConfig, PruneError
@@ -32,7 +33,7 @@ from memprune.prune.store import (
     plan_store,
 )
 from memprune.runtime import ActorResources, ensure_ray, plan_actors
-from memprune.scorer import ScorerError, check_artifact
+from memprune.scorer import ScorerError, check_artifact, load_calibration
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
 
@@ -49,10 +50,23 @@ def check_scorer(path: str) -> dict[str, Any]:
     p = Path(path)
     try:
         sc = check_artifact(p)
+        cal = load_calibration(p)
     except (ScorerError, EncoderError) as exc:
         raise PruneError(str(exc)) from exc
     return {"path": str(p.resolve()), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
-            "lora": sc.lora is not None, "max_length": sc.max_length}
+            "lora": sc.lora is not None, "max_length": sc.max_length,
+            "calibration": None if cal is None else {"method": cal.method,
+                                                     "relevance_threshold": cal.relevance_threshold}}
+
+
+def score_mode(config: PruneConfig, scorer_info: dict[str, Any]) -> dict[str, Any]:
+    """Which scores the rule sees (prune.json `score`): requested, used, and a note when auto fell back to raw."""
+    cal = scorer_info.get("calibration")
+    try:
+        calibrated, note = resolve_score_mode(config.score, cal is not None, scorer_info["path"])
+    except CalibrationError as exc:
+        raise PruneError(str(exc)) from exc
+    return {"requested": config.score, "used": "calibrated" if calibrated else "raw", "calibration": cal, "note": note}
 
 
 def run(config: PruneConfig) -> dict[str, Any]:
@@ -61,6 +75,9 @@ def run(config: PruneConfig) -> dict[str, Any]:
     out = check_out(config.out, "prune")
     check_unit(config.tokenizer)
     scorer_info = check_scorer(config.scorer)
+    scores_used = score_mode(config, scorer_info)
+    if scores_used["note"]:
+        console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False)
     rule, settings = config.rule, config.settings()
     files, schema, notes = open_store(list_store_files(config.input), config.columns)
     rows_wanted = min(sum(f.num_rows for f in files), config.limit_rows or math.inf)
@@ -85,7 +102,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
                   f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks", highlight=False)
     with OutputSet(out, "prune") as outputs:
         summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, init_s,
-                            started, outputs)
+                            started, outputs, scores_used)
     console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
                   f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {out / STORE_DIR}", highlight=False)
     return summary
@@ -94,7 +111,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
 def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema: pa.Schema,
               settings: list[tuple[float | None, int | None]], files: list[Any], notes: list[str],
               scorer_info: dict[str, Any], block_rows: int, init_s: float, started: float,
-              outputs: OutputSet) -> dict[str, Any]:
+              outputs: OutputSet, scores_used: dict[str, Any]) -> dict[str, Any]:
     """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
     from memprune.prune.job import run_pipeline
 
@@ -107,7 +124,7 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
         out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
         pq.write_table(out_schema.empty_table(), store / "part-00000.parquet")
     else:
-        stats, timing = run_pipeline(config, res, plan, schema, store)
+        stats, timing = run_pipeline(config, res, plan, schema, store, calibrated=scores_used["used"] == "calibrated")
         timing = {"ray_init_s": init_s, **timing}
     written = finalize_files(store)
     rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
@@ -124,6 +141,7 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
         "output": {"store": str(final_store), "files": [p.name for p in written], "rows": rows_out,
                    "columns": [*schema.names, "score", "keep"]},
         "scorer": scorer_info,
+        "score": scores_used,
         "rule": {"threshold": rule.threshold, "top_k": rule.top_k, "group_by": rule.group_by, "keys": list(rule.keys),
                  "ties": "higher score first, then earlier input position"},
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],

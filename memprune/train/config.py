@@ -79,6 +79,22 @@ class EmbedSettings(ConfigModel):
     use_gpu: bool | Literal["auto"] = "auto"
 
 
+class CalibrationSettings(ConfigModel):
+    """The map from raw score to P(label >= relevance_threshold), fitted on each trained stage's validation split."""
+
+    enabled: bool = Field(True, description="fit calibration.json after each trained stage (stage 1, stage 2)")
+    relevance_threshold: float = Field(0.5, ge=0.0, le=1.0, description="a bullet is relevant when label >= this")
+    methods: list[Literal["isotonic", "platt"]] = Field(
+        default_factory=lambda: ["isotonic", "platt"], min_length=1,
+        description="candidates; the one with the lower cross-fitted validation Brier score is kept")
+    cv_folds: int = Field(5, ge=2, description="folds (by conversation) of the cross-fitting that picks the method")
+    select: Literal["lowest", "one_se"] = Field(
+        "one_se", description="lowest: the lower cross-fitted Brier; one_se: Platt unless isotonic is lower by more "
+        "than one standard error of the paired difference")
+    bins: int = Field(10, ge=2, description="equal-width bins of the ECE and the reliability diagram")
+    min_rows: int = Field(50, ge=2, description="fewer validation rows: no calibration (raw scores only)")
+
+
 class FaultInjection(ConfigModel):
     """Testing aid: SIGKILL the rank-0 worker once, mid-epoch, to exercise FailureConfig resume."""
 
@@ -117,6 +133,7 @@ class TrainSettings(ConfigModel):
     ray: RayTrainSettings = Field(default_factory=RayTrainSettings)
     embed: EmbedSettings = Field(default_factory=EmbedSettings)
     predict_batch_size: int = Field(64, ge=1)
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     precision: Precision = Field(
         "auto", description="of the encoder passes (embedding, stage-2 training, prediction): fp32, bf16 or fp16 "
         "autocast over fp32 weights; auto = bf16 on CUDA devices that support it, else fp32")

@@ -43,8 +43,35 @@ def render_report(summary: dict[str, Any]) -> str:
         "Set-up is the Ray Train run's start (controller, worker group, datasets) and checkpoint I/O, shared by the "
         "seeds of one run; stage 1 trains every seed in one run, stage 2 one run per seed.",
         "",
+        *calibration_lines(summary["runs"]),
     ]
     return "\n".join(lines)
+
+
+def calibration_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The calibration of each trained (stage, seed): method and validation Brier/ECE, raw vs calibrated."""
+    rows = []
+    for r in runs:
+        c = r.get("calibration")
+        if not c:
+            continue
+        if "skipped" in c:
+            rows.append([r["stage"], r["seed"], "none: " + c["skipped"], "", "", "", ""])
+            continue
+        raw, cal = c.get("valid_raw") or {}, c.get("valid_calibrated") or {}
+        rows.append([r["stage"], r["seed"], c["method"], fmt(raw.get("brier")), fmt(cal.get("brier")),
+                     fmt(raw.get("ece")), fmt(cal.get("ece"))])
+    if not rows:
+        return []
+    thr = next((r["calibration"].get("relevance_threshold") for r in runs
+                if r.get("calibration") and "method" in r["calibration"]), None)
+    return ["## Calibration (validation split)", "",
+            f"Raw score -> P(label >= {'the relevance threshold' if thr is None else f'{thr:g}'}), fitted on the validation split; the kept method has the lowest "
+            "cross-fitted validation Brier (one_se: Platt unless isotonic is lower by more than one standard error; "
+            "calibration.json in each artifact). The calibrated numbers "
+            "below are in-sample; `memprune evaluate` reports them on the test split.", "",
+            *table(["stage", "seed", "method", "Brier raw", "Brier calibrated", "ECE raw", "ECE calibrated"], rows),
+            ""]
 
 
 def render_fold_report(result: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
 """One (stage, seed): train it on Ray Train (when the stage trains), then write its artifact and predictions.
 
 `OUT/<stage>/seed<k>/` receives the scorer artifact (`memprune.scorer` format), `predictions.parquet`
-(validation and test rows) and `train.json`, written last: a finished (stage, seed) with the same
+(validation and test rows), for a trained stage `calibration.json` (fitted on the validation rows,
+`memprune.train.calibrate`) and `train.json`, written last: a finished (stage, seed) with the same
 fingerprint (data, settings, seed) is reused on a rerun instead of being trained again.
 """
 
@@ -21,6 +22,7 @@ from memprune.io import write_json, write_table
 from memprune.runtime import use_gpu
 from memprune.scorer import head_input_dim, save_artifact
 from memprune.timing import now
+from memprune.train.calibrate import calibrate_predictions, ensure_calibration
 from memprune.train.config import TrainConfig, TrainError
 from memprune.train.embed import embeddings_to_numpy
 from memprune.train.loop import LoopConfig, train_loop_per_worker
@@ -196,6 +198,11 @@ def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int]) ->
     for seed in seeds:
         done = finished(artifact_dir(cfg.out, stage, seed) / "train.json", fps[seed], DONE_NEEDS)
         if done is not None:
+            if spec.trained and cfg.calibration.enabled:
+                rec = ensure_calibration(cfg.calibration, artifact_dir(cfg.out, stage, seed))
+                if done.get("calibration") != rec:  # calibrated (again) from the saved predictions
+                    done = {**done, "calibration": rec}
+                    write_json(artifact_dir(cfg.out, stage, seed) / "train.json", done)
             summaries[seed] = {**done, "reused": True}
     pending = [seed for seed in seeds if seed not in summaries]
     results: dict[int, tuple[dict[str, Any], dict[str, Any] | None]] = {}
@@ -230,6 +237,8 @@ def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int]) ->
         timing = {"setup_s": round(setup_s, 3), "epochs_s": round(epochs_s[seed], 3),
                   "predict_s": round(predict_span[1] - predict_span[0], 3), "predict_span": predict_span}
         extra: dict[str, Any] = {"timing": timing}
+        if spec.trained and cfg.calibration.enabled:
+            extra["calibration"] = calibrate_predictions(cfg.calibration, out_dir, pred)
         if facts is not None:
             extra.update(ray=facts, init_dir=str(artifact_dir(cfg.out, spec.init_from, seed)) if spec.init_from else None)
         wall_s = setup_s + epochs_s[seed] + timing["predict_s"]
