@@ -9,6 +9,7 @@ writes `OUT/prune.json` and `OUT/prune.md`: bullets and tokens per group before 
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from memprune.encoders import EncoderError
-from memprune.io import OutputSet, check_out, write_summary
-from memprune.prune.config import PruneConfig, PruneError
+from memprune.io import OutputSet, check_out, write_jsonl, write_summary
+from memprune.prune.config import PruneConfig, PruneError, PruneRule
 from memprune.prune.report import render_markdown
 from memprune.prune.stats import empty_stats, summarize_stats
 from memprune.prune.store import (
@@ -30,7 +31,10 @@ from memprune.prune.store import (
     list_store_files,
     open_store,
     plan_store,
+    read_rows,
 )
+from memprune.prune.split import write_split
+from memprune.work import digest
 from memprune.runtime import ActorResources, ensure_ray, plan_actors
 from memprune.scorer import ScorerError, check_artifact
 from memprune.timing import time_split
@@ -53,6 +57,25 @@ def check_scorer(path: str) -> dict[str, Any]:
         raise PruneError(str(exc)) from exc
     return {"path": str(p.resolve()), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
             "lora": sc.lora is not None, "max_length": sc.max_length}
+
+
+OUTPUT_TYPES = {"score": pa.float64(), "keep": pa.bool_(), "reason": pa.string(), "duplicate_of": pa.string()}
+
+
+def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: list[Any]) -> str:
+    """What the decision depends on (rule, scorer, input files' sizes and times, token unit), as 16 hex digits."""
+    payload = {"rule": config.rule.model_dump(mode="json"), "scorer": scorer_info, "tokenizer": config.tokenizer,
+               "limit_rows": config.limit_rows, "columns": config.columns,
+               "input": [(f.path, f.num_rows, os.stat(f.path).st_size, os.stat(f.path).st_mtime_ns) for f in files]}
+    return digest(payload)[:16]
+
+
+def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
+    """preview.jsonl: one line per bullet of the sampled groups (group, bullet, score, kept or why it goes)."""
+    rows = [] if preview is None else preview.to_pylist()
+    return write_jsonl(path, ({"group": {k: r[k] for k in keys}, "bullet_id": r["bullet_id"], "text": r["text"],
+                               "score": r["score"], "kept": r["keep"], "reason": r["reason"],
+                               "duplicate_of": r["duplicate_of"]} for r in rows))
 
 
 def run(config: PruneConfig) -> dict[str, Any]:
@@ -86,13 +109,14 @@ def run(config: PruneConfig) -> dict[str, Any]:
     with OutputSet(out, "prune") as outputs:
         summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, init_s,
                             started, outputs)
+    where = "dry run, no store written" if config.dry_run else str(out / STORE_DIR)
     console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
-                  f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {out / STORE_DIR}", highlight=False)
+                  f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {where}", highlight=False)
     return summary
 
 
 def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema: pa.Schema,
-              settings: list[tuple[float | None, int | None]], files: list[Any], notes: list[str],
+              settings: list[PruneRule], files: list[Any], notes: list[str],
               scorer_info: dict[str, Any], block_rows: int, init_s: float, started: float,
               outputs: OutputSet) -> dict[str, Any]:
     """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
@@ -100,32 +124,49 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
 
     rule = config.rule
     store = outputs.path(STORE_DIR)
+    out_schema = pa.schema([*schema, *(pa.field(n, t) for n, t in OUTPUT_TYPES.items())])
+    preview = None
     if plan.rows == 0 or res is None:
         stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
         timing: dict[str, float] = {}
-        store.mkdir(parents=True)
-        out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
-        pq.write_table(out_schema.empty_table(), store / "part-00000.parquet")
+        if not config.dry_run:
+            store.mkdir(parents=True)
+            pq.write_table(out_schema.empty_table(), store / "part-00000.parquet")
     else:
-        stats, timing = run_pipeline(config, res, plan, schema, store)
+        stats, timing, preview = run_pipeline(config, res, plan, schema, store)
         timing = {"ray_init_s": init_s, **timing}
-    written = finalize_files(store)
+    written = [] if config.dry_run else finalize_files(store)
     rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
-    if not (plan.rows == stats["rows"] == rows_out):
+    if not (plan.rows == stats["rows"] == (stats["rows"] if config.dry_run else rows_out)):
         raise PruneError(f"row count mismatch: {plan.rows} read, {stats['rows']} scored, {rows_out} written")
     if stats["split_groups"]:
         raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
     final_store = outputs.out / STORE_DIR
     per_setting = summarize_stats(stats, settings)
+    fingerprint = run_fingerprint(config, scorer_info, files)
+    emitted: dict[str, Any] = {}
+    if config.dry_run:
+        emitted["preview"] = {"path": str(outputs.out / "preview.jsonl"),
+                              "rows": write_preview(outputs.path("preview.jsonl"), preview, list(rule.keys))}
+    elif config.emit == "split":
+        pruned = pa.concat_tables([pq.read_table(p) for p in written])
+        input_ids = read_rows(files, 0, plan.rows, pa.schema([schema.field("bullet_id")])).column("bullet_id")
+        emitted |= write_split(pruned, input_ids, schema.names, outputs.staging, outputs.out, fingerprint,
+                               {"input": str(config.input), "pruned": str(final_store)})
     summary = {
         "format": PRUNE_FORMAT,
         "input": {"path": str(config.input), "files": [f.path for f in files], "rows": plan.rows,
                   "rows_in_files": sum(f.num_rows for f in files), "limit_rows": config.limit_rows},
-        "output": {"store": str(final_store), "files": [p.name for p in written], "rows": rows_out,
-                   "columns": [*schema.names, "score", "keep"]},
+        "dry_run": config.dry_run,
+        "fingerprint": fingerprint,
+        "output": None if config.dry_run else {
+            "store": str(final_store), "files": [p.name for p in written], "rows": rows_out,
+            "columns": out_schema.names, "emit": config.emit},
+        "emitted": emitted,
         "scorer": scorer_info,
-        "rule": {"threshold": rule.threshold, "top_k": rule.top_k, "group_by": rule.group_by, "keys": list(rule.keys),
+        "rule": {**rule.model_dump(mode="json"), "name": rule.name, "keys": list(rule.keys),
                  "ties": "higher score first, then earlier input position"},
+        "duplicates": stats.get("duplicates", 0),
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
                      "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
         "tokenizer": unit_name(config.tokenizer, scorer_info["encoder"]),
