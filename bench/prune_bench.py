@@ -21,6 +21,9 @@ pipeline's own cost per row and lets the full 10^6 store run through the job, to
 memory stays flat.
 
     python bench/prune_bench.py --bullets 10000 100000 1000000 --limit-rows 100000 --encoders minilm tiny
+
+`--dedup on off` runs each job with and without near-duplicate merging (the embeddings come from the
+scoring pass itself; merging adds the per-group cosine matrices) and prints the difference.
 """
 
 from __future__ import annotations
@@ -196,7 +199,8 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
     cpu0 = mem.cpu_snapshot()
     cfg = PruneConfig(scorer=a["scorer"], input=a["store"], out=a["out"], batch_size=a["batch_size"],
                       block_rows=a["block_rows"], actors=a.get("actors"), actor_cpus=a.get("actor_cpus", 1.0),
-                      limit_rows=a.get("limit_rows"), precision=a.get("precision", "auto"), progress=False)
+                      limit_rows=a.get("limit_rows"), precision=a.get("precision", "auto"), progress=False,
+                      rule={"dedup": a.get("dedup", True)})
     summary = run_prune(cfg)
     peak = mem.stop()
     cpu_s = sum(v - cpu0.get(pid, 0.0) for pid, v in mem.cpu.items())
@@ -216,6 +220,7 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
         "work": t.get("work", {}),
         "driver_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "kept_per_session": round(summary["result"]["bullets_after"], 3),
+        "dedup": a.get("dedup", True), "duplicates": summary["duplicates"],
         "bullets_per_session": round(summary["result"]["bullets_before"], 3),
     }
 
@@ -333,6 +338,8 @@ def main() -> None:
     parser.add_argument("--actor-cpus", type=float, default=1.0)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
                         help="a job per precision (bf16/fp16: autocast over fp32 weights)")
+    parser.add_argument("--dedup", nargs="+", default=["on"], choices=["on", "off"],
+                        help="a job per setting of near-duplicate merging (on off: the cost of merging)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/memprune-prune-bench"))
     parser.add_argument("--json", type=Path, default=None, help="report file (default OUT/prune_bench.json)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -354,13 +361,14 @@ def main() -> None:
                     "block_rows": args.block_rows}
             raw = None
             for precision in args.precisions:
-                job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}"),
-                                        "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
-                                        "precision": precision})
-                raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
-                                               "precisions": args.precisions})
-                rows_out.append(_row(enc, precision, job, raw))
-                print(json.dumps(rows_out[-1]), file=sys.stderr)
+                for dedup in args.dedup:
+                    job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}-dedup{dedup}"),
+                                            "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
+                                            "precision": precision, "dedup": dedup == "on"})
+                    raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
+                                                   "precisions": args.precisions})
+                    rows_out.append(_row(enc, precision, job, raw))
+                    print(json.dumps(rows_out[-1]), file=sys.stderr)
     inproc = {enc: run_child("inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
                                          "n": 10, "calls": 50}) for enc, sc in scorers.items()}
     report = {"cpus": os.cpu_count(), "load_avg_1m_at_start": round(load, 2), "batch_size": args.batch_size,
@@ -369,17 +377,28 @@ def main() -> None:
     json_path.write_text(json.dumps(report, indent=2))
     print(f"\nprune benchmark ({os.cpu_count()} CPUs, batch {args.batch_size}, block {args.block_rows} rows; "
           f"load average at start {load:.1f})")
-    header = ("encoder", "precision", "store", "job rows", "job b/s", "overhead share", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
+    header = ("encoder", "precision", "dedup", "store", "job rows", "job b/s", "overhead share", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
               "job/limit (limit: raw loop at that precision; GPU: raw bf16 loop)", "peak tree MiB", "pipeline s", "actor load s (sum)", "forward s (sum)", "scan s (full store)")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows_out:
         n_all, w = r["raw"]["threads_all"], r["work"]
-        print(f"| {r['encoder']} | {r['precision']} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
+        print(f"| {r['encoder']} | {r['precision']} | {'on' if r['dedup'] else 'off'} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
               f"{r['overhead_share']} | "
               f"{r['raw']['sorted_1t_bullets_per_s']} | {r['raw'][f'sorted_{n_all}t_bullets_per_s']} | "
               f"{r['limit_bullets_per_s']} | {r['ratio']} | {r['peak_tree_pss_mib']} | {r['pipeline_s']} | "
               f"{w.get('actor_load_s')} | {w.get('score_s')} | {r['full_store_scan_s']} |")
+    for on in (r for r in rows_out if r["dedup"]):
+        off = next((r for r in rows_out if not r["dedup"] and all(r[k] == on[k] for k in
+                                                                   ("encoder", "precision", "store_bullets"))), None)
+        if off:
+            per = {k: sum(x["work"].get(w, 0.0) for w in ("score_s", "tokens_s", "decide_s")) / x["job_rows"]
+                   for k, x in (("on", on), ("off", off))}
+            print(f"dedup cost ({on['encoder']}, {on['precision']}, {on['store_bullets']} bullets): job "
+                  f"{on['bullets_per_s']} vs {off['bullets_per_s']} bullets/s without "
+                  f"({100 * (on['bullets_per_s'] / off['bullets_per_s'] - 1):+.1f}%); actor compute "
+                  f"{1000 * per['on']:.3f} vs {1000 * per['off']:.3f} ms/bullet ({100 * (per['on'] / per['off'] - 1):+.1f}%); "
+                  f"{on['duplicates']} duplicates merged")
     for enc, r in inproc.items():
         print(f"MemoryPruner.prune, one session of {r['bullets']} bullets ({enc}): median {r['median_ms']} ms, "
               f"p90 {r['p90_ms']} ms")

@@ -186,8 +186,10 @@ def test_shuffle_path_for_interleaved_groups(ray_local, scorer_dir, store, corpu
     assert got.num_rows == corpus.num_rows
     assert sorted(got["bullet_id"].to_pylist()) == sorted(corpus["bullet_id"].to_pylist())
     expected = pruner.prune_table(corpus, group_by="speaker")
-    want = dict(zip(expected["bullet_id"].to_pylist(), expected["keep"].to_pylist()))
-    assert dict(zip(got["bullet_id"].to_pylist(), got["keep"].to_pylist())) == want
+    cols = ("keep", "reason", "duplicate_of")  # same decisions and reasons (duplicates merged across the sort)
+    want = dict(zip(expected["bullet_id"].to_pylist(), zip(*(expected[c].to_pylist() for c in cols))))
+    assert dict(zip(got["bullet_id"].to_pylist(), zip(*(got[c].to_pylist() for c in cols)))) == want
+    assert "duplicate" in expected["reason"].to_pylist()
     # rows come out grouped (by key), each group in input order
     pos = {b: i for i, b in enumerate(corpus["bullet_id"].to_pylist())}
     keys = group_keys_of(got, GROUP_KEYS["speaker"])

@@ -19,7 +19,7 @@ from memprune.prune.rule import setting_name
 GroupBy = Literal["session", "conversation", "speaker"]
 Policy = Literal["rule", "budget", "fraction"]
 # The default near-duplicate cosine: chosen by bench/dedup_bench.py on `memprune synth --duplicates 0.2`.
-DEDUP_THRESHOLD = 0.9
+DEDUP_THRESHOLD = 0.88
 GROUP_KEYS: dict[str, tuple[str, ...]] = {
     "session": ("conversation_id", "session_index"),
     "conversation": ("conversation_id",),

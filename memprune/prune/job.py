@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 from memprune.encoders import EncoderActor
 from memprune.errors import MemPruneError
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
-from memprune.prune.policy import Decision
+from memprune.prune.policy import Decision, unify_equal_texts
+from memprune.prune.rule import group_codes
 from memprune.prune.scoring import (
     EMB,
     ROW,
@@ -200,6 +201,12 @@ def _decide(groups: list[Any], scores: np.ndarray, tokens: np.ndarray, settings:
         raise PruneError(str(exc)) from exc
 
 
+def _unify(groups: list[Any], scores: np.ndarray, texts: list[str], emb: np.ndarray | None,
+           order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Equal texts of a group take their earliest copy's score and embedding (see `unify_equal_texts`)."""
+    return unify_equal_texts(scores, group_codes(groups), texts, emb, order)
+
+
 def decide_sorted_block(
     block: pa.Table, keys: list[str], settings: list[PruneRule], tally: Any
 ) -> pa.Table:
@@ -220,7 +227,9 @@ def decide_sorted_block(
         emb = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), col.type.list_size)
     groups = group_keys_of(block, keys)
     started = now()
-    stats, decision = _decide(groups, scores, tokens, settings, order, block.column("text").to_pylist(), emb)
+    texts = block.column("text").to_pylist()
+    scores, emb = _unify(groups, scores, texts, emb, order)
+    stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb)
     out = with_outputs(block, scores, decision)
     ray.get(tally.add_time.remote({"decide_s": now() - started}, (started, now())))
     ray.get(tally.add.remote(stats))

@@ -64,6 +64,29 @@ def _order(n: int, order: np.ndarray | None) -> np.ndarray:
     return np.arange(n) if order is None else np.asarray(order)
 
 
+def unify_equal_texts(
+    scores: np.ndarray, codes: np.ndarray, texts: Sequence[str], embeddings: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Give equal texts of a group the score (and embedding) of their earliest copy.
+
+    In-process and inside one block equal texts already score exactly equal (each distinct text is
+    scored once); the batch job's shuffle path scores a group's rows in different blocks, where
+    batch padding moves the last bits. Unifying makes ties, and so the decision, the same everywhere.
+    """
+    n = len(scores)
+    if n < 2:
+        return scores, embeddings
+    ordr = _order(n, order)
+    first: dict[tuple[int, str], int] = {}
+    for i in np.argsort(ordr, kind="stable"):
+        first.setdefault((int(codes[i]), texts[i]), int(i))
+    src = np.fromiter((first[(int(c), t)] for c, t in zip(codes, texts)), dtype=np.int64, count=n)
+    if (src == np.arange(n)).all():
+        return scores, embeddings
+    return np.asarray(scores)[src], None if embeddings is None else np.asarray(embeddings)[src]
+
+
 def find_duplicates(
     scores: np.ndarray, codes: np.ndarray, texts: Sequence[str] | None, embeddings: np.ndarray | None,
     threshold: float | None, order: np.ndarray | None = None,

@@ -31,7 +31,6 @@ from memprune.prune.store import (
     list_store_files,
     open_store,
     plan_store,
-    read_rows,
 )
 from memprune.prune.split import write_split
 from memprune.work import digest
@@ -150,7 +149,8 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                               "rows": write_preview(outputs.path("preview.jsonl"), preview, list(rule.keys))}
     elif config.emit == "split":
         pruned = pa.concat_tables([pq.read_table(p) for p in written])
-        input_ids = read_rows(files, 0, plan.rows, pa.schema([schema.field("bullet_id")])).column("bullet_id")
+        input_ids = pa.chunked_array([c for f in files for c in pq.read_table(f.path, columns=["bullet_id"])
+                                      .column(0).cast(pa.string()).chunks], pa.string())[:plan.rows]
         emitted |= write_split(pruned, input_ids, schema.names, outputs.staging, outputs.out, fingerprint,
                                {"input": str(config.input), "pruned": str(final_store)})
     summary = {
