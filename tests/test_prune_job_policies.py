@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from memprune.prune import MemoryPruner, PruneConfig, PruneRule, group_keys_of, read_pruned, run_prune
+from memprune.prune import MemoryPruner, PruneConfig, PruneRule, read_pruned, run_prune
 from memprune.scorer import Scorer, ScorerConfig
 
 

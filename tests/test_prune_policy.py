@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprune.prune import PruneError, PruneRule, apply_policy, decide_policy, find_duplicates, normalize_text, prune_mask
+from memprune.prune import (
+    PruneError,
+    PruneRule,
+    apply_policy,
+    decide_policy,
+    find_duplicates,
+    normalize_text,
+    prune_mask,
+)
 from memprune.prune.rule import group_codes, rank_within_groups
 
 

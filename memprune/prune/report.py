@@ -77,7 +77,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"encoder {summary['scorer']['encoder']}).",
         f"Decision: {describe_rule(summary['rule'])}. Run fingerprint `{summary['fingerprint']}`.",
         f"Tokens: {summary['tokenizer']}. Grouping: {g['mode']} ({g['reason']}).",
-        *([f"", f"**Warning:** {warning}."] if warning else []),
+        *(["", f"**Warning:** {warning}."] if warning else []),
         "",
         *table(["setting", f"bullets/{unit} before", "after", "reduction %", f"tokens/{unit} before", "after",
                 "reduction %", f"{unit}s emptied %"], rows),

@@ -22,6 +22,7 @@ from memprune.encoders import EncoderError
 from memprune.io import OutputSet, check_out, write_jsonl, write_summary
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
 from memprune.prune.report import render_markdown
+from memprune.prune.split import write_split
 from memprune.prune.stats import empty_stats, summarize_stats
 from memprune.prune.store import (
     STORE_DIR,
@@ -32,12 +33,11 @@ from memprune.prune.store import (
     open_store,
     plan_store,
 )
-from memprune.prune.split import write_split
-from memprune.work import digest
 from memprune.runtime import ActorResources, ensure_ray, plan_actors
 from memprune.scorer import ScorerError, check_artifact
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
+from memprune.work import digest
 
 PRUNE_FORMAT = 1
 console = Console(stderr=True)

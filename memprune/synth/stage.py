@@ -20,7 +20,6 @@ from memprune.synth.generator import (
     synth_conversation,
 )
 
-
 # `duplicates` > 0: the ground truth of the injected duplicates (the bullet copied, verbatim or paraphrase)
 DUPLICATE_BULLETS = SYNTH_BULLETS.append(pa.field("dup_source", pa.string())).append(pa.field("dup_kind", pa.string()))
 
