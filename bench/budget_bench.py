@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--relevant", type=float, default=0.5)
     ap.add_argument("--min-keep", type=int, default=1)
     ap.add_argument("--random-seeds", type=int, default=20)
+    ap.add_argument("--splits", default=None, help="a training run's splits.parquet: also report the test split alone")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import pyarrow.parquet as pq
@@ -69,8 +70,15 @@ def main() -> None:
     sessions = len(set(group_keys_of(bullets, ["conversation_id", "session_index"])))
     budget = int(round(args.share * tokens_all.sum() / sessions))
     rule = PruneRule.of(policy="budget", budget_tokens=budget, min_keep=args.min_keep)
-    summary = run_prune(PruneConfig(scorer=args.scorer, input=args.data, out=str(out / "prune"), rule=rule,
-                                    progress=False))
+    done = out / "prune" / "prune.json"
+    previous = json.loads(done.read_text()) if done.is_file() else None
+    if previous and previous["fingerprint"] and previous["rule"]["name"] == rule.name and \
+            previous["config"]["rule"] == rule.model_dump(mode="json") and previous["scorer"]["path"] == \
+            str(Path(args.scorer).resolve()):
+        summary = previous  # the same job already ran into this directory: reuse it
+    else:
+        summary = run_prune(PruneConfig(scorer=args.scorer, input=args.data, out=str(out / "prune"), rule=rule,
+                                        progress=False))
     pruned = read_pruned(out / "prune")
     labels = pq.read_table(Path(args.labels) / "labels.parquet", columns=["bullet_id", "label"]).to_pydict()
     label_of = dict(zip(labels["bullet_id"], labels["label"]))
@@ -104,6 +112,20 @@ def main() -> None:
                    "bullets_kept_mean": float(np.mean([r["bullets_kept"] for r in randoms]))},
         "paper_rule_t0.5_k5": kept_stats(paper, relevant, tokens, codes),
     }
+    if args.splits:  # the same decisions, counted on the test split's sessions only (bullets the scorer never saw)
+        split = dict(zip(*pq.read_table(args.splits, columns=["conversation_id", "split"]).to_pydict().values()))
+        test = np.array([split.get(c) == "test" for c in pruned.column("conversation_id").to_pylist()])
+        rng = np.random.default_rng(1)
+        rand_test = [int((apply_policy(rng.random(len(scores)), codes, rule.model_copy(update={"dedup": False}),
+                                       tokens).keep & relevant & test).sum()) for _ in range(args.random_seeds)]
+        result["test_split"] = {
+            "bullets": int(test.sum()), "relevant": int((relevant & test).sum()),
+            "job_relevant_kept": int((keep & relevant & test).sum()),
+            "job_tokens_share_kept": float(tokens[keep & test].sum() / tokens[test].sum()),
+            "random_relevant_kept_mean": float(np.mean(rand_test)), "random_relevant_kept_std": float(np.std(rand_test, ddof=1)),
+        }
+        result["test_split"]["ratio_vs_random"] = (result["test_split"]["job_relevant_kept"]
+                                                   / result["test_split"]["random_relevant_kept_mean"])
     result["ratio_relevant_kept_vs_random"] = job["relevant_kept"] / result["random"]["relevant_kept_mean"]
     result["ratio_without_dedup_vs_random"] = (result["scorer_without_dedup"]["relevant_kept"]
                                                / result["random"]["relevant_kept_mean"])
@@ -121,6 +143,11 @@ def main() -> None:
           f"{r['random']['relevant_kept_std']:.1f} relevant kept, {r['random']['token_share_kept_mean']:.1%} of tokens")
     print(f"ratio job / random: {r['ratio_relevant_kept_vs_random']:.3f} (without dedup "
           f"{r['ratio_without_dedup_vs_random']:.3f})")
+    if "test_split" in r:
+        t = r["test_split"]
+        print(f"test split only ({t['bullets']} bullets, {t['relevant']} relevant): job {t['job_relevant_kept']} vs "
+              f"random {t['random_relevant_kept_mean']:.1f} ± {t['random_relevant_kept_std']:.1f}; ratio "
+              f"{t['ratio_vs_random']:.3f}")
     p = r["paper_rule_t0.5_k5"]
     print(f"paper rule t0.5 k5 on the same scores: {p['groups_emptied']} of {sessions} sessions emptied "
           f"({100 * p['groups_emptied'] / sessions:.0f}%)")

@@ -339,7 +339,8 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
                         help="a job per precision (bf16/fp16: autocast over fp32 weights)")
     parser.add_argument("--dedup", nargs="+", default=["on"], choices=["on", "off"],
-                        help="a job per setting of near-duplicate merging (on off: the cost of merging)")
+                        help="a job per item, with or without near-duplicate merging (on off on off: its cost, "
+                             "interleaved against drifting machine load)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/memprune-prune-bench"))
     parser.add_argument("--json", type=Path, default=None, help="report file (default OUT/prune_bench.json)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -388,17 +389,21 @@ def main() -> None:
               f"{r['raw']['sorted_1t_bullets_per_s']} | {r['raw'][f'sorted_{n_all}t_bullets_per_s']} | "
               f"{r['limit_bullets_per_s']} | {r['ratio']} | {r['peak_tree_pss_mib']} | {r['pipeline_s']} | "
               f"{w.get('actor_load_s')} | {w.get('score_s')} | {r['full_store_scan_s']} |")
-    for on in (r for r in rows_out if r["dedup"]):
-        off = next((r for r in rows_out if not r["dedup"] and all(r[k] == on[k] for k in
-                                                                   ("encoder", "precision", "store_bullets"))), None)
-        if off:
-            per = {k: sum(x["work"].get(w, 0.0) for w in ("score_s", "tokens_s", "decide_s")) / x["job_rows"]
-                   for k, x in (("on", on), ("off", off))}
-            print(f"dedup cost ({on['encoder']}, {on['precision']}, {on['store_bullets']} bullets): job "
-                  f"{on['bullets_per_s']} vs {off['bullets_per_s']} bullets/s without "
-                  f"({100 * (on['bullets_per_s'] / off['bullets_per_s'] - 1):+.1f}%); actor compute "
-                  f"{1000 * per['on']:.3f} vs {1000 * per['off']:.3f} ms/bullet ({100 * (per['on'] / per['off'] - 1):+.1f}%); "
-                  f"{on['duplicates']} duplicates merged")
+    keys = sorted({(r["encoder"], r["precision"], r["store_bullets"]) for r in rows_out})
+    for key in keys:  # dedup on vs off, averaged over repeats (`--dedup on off on off` interleaves them)
+        runs = {d: [r for r in rows_out if (r["encoder"], r["precision"], r["store_bullets"]) == key and r["dedup"] == d]
+                for d in (True, False)}
+        if not (runs[True] and runs[False]):
+            continue
+        bps = {d: sum(r["bullets_per_s"] for r in rs) / len(rs) for d, rs in runs.items()}
+        per = {d: sum(sum(r["work"].get(w, 0.0) for w in ("score_s", "tokens_s", "decide_s")) / r["job_rows"]
+                      for r in rs) / len(rs) for d, rs in runs.items()}
+        dec = {d: sum(r["work"].get("decide_s", 0.0) / r["job_rows"] for r in rs) / len(rs) for d, rs in runs.items()}
+        print(f"dedup cost ({key[0]}, {key[1]}, {key[2]} bullets, {len(runs[True])}+{len(runs[False])} runs): job "
+              f"{bps[True]:.1f} vs {bps[False]:.1f} bullets/s without ({100 * (bps[True] / bps[False] - 1):+.1f}%); "
+              f"actor compute {1000 * per[True]:.3f} vs {1000 * per[False]:.3f} ms/bullet "
+              f"({100 * (per[True] / per[False] - 1):+.1f}%), of which deciding {1000 * dec[True]:.4f} vs "
+              f"{1000 * dec[False]:.4f} ms/bullet; {runs[True][0]['duplicates']} duplicates merged")
     for enc, r in inproc.items():
         print(f"MemoryPruner.prune, one session of {r['bullets']} bullets ({enc}): median {r['median_ms']} ms, "
               f"p90 {r['p90_ms']} ms")
