@@ -21,6 +21,9 @@ pipeline's own cost per row and lets the full 10^6 store run through the job, to
 memory stays flat.
 
     python bench/prune_bench.py --bullets 10000 100000 1000000 --limit-rows 100000 --encoders minilm tiny
+
+`--dedup on off` runs each job with and without near-duplicate merging (the embeddings come from the
+scoring pass itself; merging adds the per-group cosine matrices) and prints the difference.
 """
 
 from __future__ import annotations
@@ -196,7 +199,8 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
     cpu0 = mem.cpu_snapshot()
     cfg = PruneConfig(scorer=a["scorer"], input=a["store"], out=a["out"], batch_size=a["batch_size"],
                       block_rows=a["block_rows"], actors=a.get("actors"), actor_cpus=a.get("actor_cpus", 1.0),
-                      limit_rows=a.get("limit_rows"), precision=a.get("precision", "auto"), progress=False)
+                      limit_rows=a.get("limit_rows"), precision=a.get("precision", "auto"), progress=False,
+                      rule={"dedup": a.get("dedup", True)})
     summary = run_prune(cfg)
     peak = mem.stop()
     cpu_s = sum(v - cpu0.get(pid, 0.0) for pid, v in mem.cpu.items())
@@ -216,6 +220,7 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
         "work": t.get("work", {}),
         "driver_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "kept_per_session": round(summary["result"]["bullets_after"], 3),
+        "dedup": a.get("dedup", True), "duplicates": summary["duplicates"],
         "bullets_per_session": round(summary["result"]["bullets_before"], 3),
     }
 
@@ -333,6 +338,9 @@ def main() -> None:
     parser.add_argument("--actor-cpus", type=float, default=1.0)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
                         help="a job per precision (bf16/fp16: autocast over fp32 weights)")
+    parser.add_argument("--dedup", nargs="+", default=["on"], choices=["on", "off"],
+                        help="a job per item, with or without near-duplicate merging (on off on off: its cost, "
+                             "interleaved against drifting machine load)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/memprune-prune-bench"))
     parser.add_argument("--json", type=Path, default=None, help="report file (default OUT/prune_bench.json)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -354,13 +362,14 @@ def main() -> None:
                     "block_rows": args.block_rows}
             raw = None
             for precision in args.precisions:
-                job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}"),
-                                        "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
-                                        "precision": precision})
-                raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
-                                               "precisions": args.precisions})
-                rows_out.append(_row(enc, precision, job, raw))
-                print(json.dumps(rows_out[-1]), file=sys.stderr)
+                for dedup in args.dedup:
+                    job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}-dedup{dedup}"),
+                                            "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
+                                            "precision": precision, "dedup": dedup == "on"})
+                    raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
+                                                   "precisions": args.precisions})
+                    rows_out.append(_row(enc, precision, job, raw))
+                    print(json.dumps(rows_out[-1]), file=sys.stderr)
     inproc = {enc: run_child("inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
                                          "n": 10, "calls": 50}) for enc, sc in scorers.items()}
     report = {"cpus": os.cpu_count(), "load_avg_1m_at_start": round(load, 2), "batch_size": args.batch_size,
@@ -369,17 +378,32 @@ def main() -> None:
     json_path.write_text(json.dumps(report, indent=2))
     print(f"\nprune benchmark ({os.cpu_count()} CPUs, batch {args.batch_size}, block {args.block_rows} rows; "
           f"load average at start {load:.1f})")
-    header = ("encoder", "precision", "store", "job rows", "job b/s", "overhead share", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
+    header = ("encoder", "precision", "dedup", "store", "job rows", "job b/s", "overhead share", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
               "job/limit (limit: raw loop at that precision; GPU: raw bf16 loop)", "peak tree MiB", "pipeline s", "actor load s (sum)", "forward s (sum)", "scan s (full store)")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in rows_out:
         n_all, w = r["raw"]["threads_all"], r["work"]
-        print(f"| {r['encoder']} | {r['precision']} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
+        print(f"| {r['encoder']} | {r['precision']} | {'on' if r['dedup'] else 'off'} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
               f"{r['overhead_share']} | "
               f"{r['raw']['sorted_1t_bullets_per_s']} | {r['raw'][f'sorted_{n_all}t_bullets_per_s']} | "
               f"{r['limit_bullets_per_s']} | {r['ratio']} | {r['peak_tree_pss_mib']} | {r['pipeline_s']} | "
               f"{w.get('actor_load_s')} | {w.get('score_s')} | {r['full_store_scan_s']} |")
+    keys = sorted({(r["encoder"], r["precision"], r["store_bullets"]) for r in rows_out})
+    for key in keys:  # dedup on vs off, averaged over repeats (`--dedup on off on off` interleaves them)
+        runs = {d: [r for r in rows_out if (r["encoder"], r["precision"], r["store_bullets"]) == key and r["dedup"] == d]
+                for d in (True, False)}
+        if not (runs[True] and runs[False]):
+            continue
+        bps = {d: sum(r["bullets_per_s"] for r in rs) / len(rs) for d, rs in runs.items()}
+        per = {d: sum(sum(r["work"].get(w, 0.0) for w in ("score_s", "tokens_s", "decide_s")) / r["job_rows"]
+                      for r in rs) / len(rs) for d, rs in runs.items()}
+        dec = {d: sum(r["work"].get("decide_s", 0.0) / r["job_rows"] for r in rs) / len(rs) for d, rs in runs.items()}
+        print(f"dedup cost ({key[0]}, {key[1]}, {key[2]} bullets, {len(runs[True])}+{len(runs[False])} runs): job "
+              f"{bps[True]:.1f} vs {bps[False]:.1f} bullets/s without ({100 * (bps[True] / bps[False] - 1):+.1f}%); "
+              f"actor compute {1000 * per[True]:.3f} vs {1000 * per[False]:.3f} ms/bullet "
+              f"({100 * (per[True] / per[False] - 1):+.1f}%), of which deciding {1000 * dec[True]:.4f} vs "
+              f"{1000 * dec[False]:.4f} ms/bullet; {runs[True][0]['duplicates']} duplicates merged")
     for enc, r in inproc.items():
         print(f"MemoryPruner.prune, one session of {r['bullets']} bullets ({enc}): median {r['median_ms']} ms, "
               f"p90 {r['p90_ms']} ms")

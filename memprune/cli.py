@@ -144,6 +144,8 @@ def synth(
     oneoffs: Optional[int] = typer.Option(None, "--oneoffs", help="Mean one-off remarks per speaker per session [default: 2]."),
     mention_prob: Optional[float] = typer.Option(None, "--mention-prob",
                                                  help="Chance a known fact is restated in an intermediate session [default: 0.35]."),
+    duplicates: Optional[float] = typer.Option(None, "--duplicates", help="Share of bullets given a verbatim or "
+                                               "paraphrased duplicate in their session, with ground truth [default: 0]."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
 ) -> None:
@@ -152,7 +154,8 @@ def synth(
 
     _, summary = run_stage(SynthConfig, run, config, set_, {
         "conversations": conversations, "sessions": sessions, "out": out, "seed": seed, "facts_per_speaker": facts,
-        "oneoffs_per_session": oneoffs, "mention_prob": mention_prob, "progress": sys.stderr.isatty()})
+        "oneoffs_per_session": oneoffs, "mention_prob": mention_prob, "duplicates": duplicates,
+        "progress": sys.stderr.isatty()})
     console.print(json.dumps(summary["counts"]), highlight=False)
 
 
@@ -351,24 +354,81 @@ def _top_k(top_k: Optional[int]) -> dict[str, Any]:
 def prune(
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or corpus dir."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: pruned/ (store + score, keep), prune.json, prune.md."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", help="Drop bullets scored below this [default: 0.5]."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="Keep at most k per group, 0 = no cap [default: 5]."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: pruned/ (store + score, keep, reason), prune.json, prune.md."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="rule (threshold then top-k, the paper's), budget or "
+                                                                 "fraction [default: rule]."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="rule: drop bullets scored below this [default: 0.5]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="rule: keep at most k per group, 0 = no cap [default: 5]."),
+    budget_tokens: Optional[int] = typer.Option(None, "--budget-tokens", help="budget: kept tokens per group never exceed B "
+                                                                              "(implies --policy budget)."),
+    fraction: Optional[float] = typer.Option(None, "--fraction", help="fraction: keep the top ceil(q*n) of each group "
+                                                                       "(implies --policy fraction)."),
+    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Never leave a group with fewer than m bullets [default: 0]."),
+    floor: Optional[float] = typer.Option(None, "--floor", help="Any policy: drop bullets scored below this."),
+    dedup_threshold: Optional[float] = typer.Option(None, "--dedup-threshold", help="Cosine of the scorer's embeddings at "
+                                                    "which bullets of a group are near-duplicates (merged first)."),
+    no_dedup: bool = typer.Option(False, "--no-dedup", help="Do not merge duplicate bullets before deciding."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Decide and report (prune.json, prune.md, preview.jsonl); "
+                                                          "write no store."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="keep (pruned/ with keep) or split (also kept/ and the "
+                                                            "dropped/ archive) [default: keep]."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
     score: Optional[str] = typer.Option(None, "--score", help="auto (calibrated where the scorer has calibration.json), raw or calibrated [default: auto]."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
 ) -> None:
-    """Score a bullets store with a trained scorer on Ray Data and prune it (threshold, then top-k per group)."""
+    """Score a bullets store with a trained scorer on Ray Data and prune it: duplicates merged, then a policy."""
     from memprune.prune import PruneConfig, run
+    from memprune.prune.report import emptied_warning
 
+    if policy is None:
+        policy = "budget" if budget_tokens is not None else "fraction" if fraction is not None else None
     values = {"scorer": scorer, "input": input, "out": out, "rule.threshold": threshold, "rule.group_by": group_by,
-              "score": score}
+              "rule.policy": policy, "rule.budget_tokens": budget_tokens, "rule.fraction": fraction,
+              "rule.min_keep": min_keep, "rule.floor": floor, "rule.dedup_threshold": dedup_threshold,
+              "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
     cfg, summary = run_stage(PruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
-    console.print(f"kept {r['bullets_after']:.2f} of {r['bullets_before']:.2f} bullets per {cfg.rule.group_by} "
-                  f"(-{r['bullet_reduction_pct'] or 0:.1f}% bullets, -{r['token_reduction_pct'] or 0:.1f}% tokens) "
-                  f"-> {cfg.out}", highlight=False)
+    console.print(f"{'would keep' if cfg.dry_run else 'kept'} {r['bullets_after']:.2f} of {r['bullets_before']:.2f} "
+                  f"bullets per {cfg.rule.group_by} (-{r['bullet_reduction_pct'] or 0:.1f}% bullets, "
+                  f"-{r['token_reduction_pct'] or 0:.1f}% tokens; {summary['duplicates']} duplicates) -> {cfg.out}",
+                  highlight=False)
+    warning = emptied_warning(summary)
+    if warning:
+        console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+
+
+@app.command()
+def restore(
+    archive: Path = typer.Option(..., "--archive", help="An archive directory (`memprune prune --emit split`: OUT/dropped)."),
+    ids: Optional[Path] = typer.Option(None, "--ids", help="File of ids to restore, one per line."),
+    all_: bool = typer.Option(False, "--all", help="Restore every archived record."),
+    into: Optional[Path] = typer.Option(None, "--into", help="The store to restore into [default: the store the "
+                                                             "archive's run kept, e.g. OUT/kept]."),
+) -> None:
+    """Put archived (pruned) records back into their store, so a prune can be undone."""
+    from memprune.archive import read_ids
+    from memprune.archive import restore as restore_archive
+
+    if (ids is None) == (not all_):
+        fail("give exactly one of --ids FILE or --all")
+    with user_errors("restore"):
+        load_restorers()
+        summary = restore_archive(archive, None if all_ else read_ids(ids), **({"into": str(into)} if into else {}))
+    json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def load_restorers() -> None:
+    """Import the packages that register archive restorers (bullets: memprune.prune; other stores: memprune.stores)."""
+    import importlib
+
+    for name in ("memprune.prune", "memprune.stores"):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
 
 
 @app.command("dialogue-eval")

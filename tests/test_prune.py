@@ -126,7 +126,7 @@ def test_streaming_path_rows_order_and_columns(streamed, corpus):
     got = read_pruned(out)
     assert got.num_rows == corpus.num_rows == summary["input"]["rows"] == summary["output"]["rows"]
     assert got["bullet_id"].to_pylist() == corpus["bullet_id"].to_pylist()
-    assert got.column_names == [*corpus.column_names, "score", "keep"]
+    assert got.column_names == [*corpus.column_names, "score", "keep", "reason", "duplicate_of"]
     assert got.select(corpus.column_names).equals(corpus)  # extra columns pass through untouched
     assert got.schema.field("score").type == pa.float64() and got.schema.field("keep").type == pa.bool_()
 
@@ -144,9 +144,10 @@ def test_batch_job_and_memory_pruner_decide_identically(streamed, corpus, pruner
         np.testing.assert_allclose([k.score for k in kept], scores[[idx[k.index] for k in kept]], atol=1e-5)
         n_sessions += 1
     assert n_sessions > 10
-    # the rule itself, on the job's own scores
+    # the rule itself, on the job's own scores (duplicates, merged first, aside)
+    dup = np.array([r == "duplicate" for r in got["reason"].to_pylist()])
     for key in dict.fromkeys(sessions):
-        idx = np.array([i for i, s in enumerate(sessions) if s == key])
+        idx = np.array([i for i, s in enumerate(sessions) if s == key and not dup[i]])
         s = scores[idx]
         passing = np.flatnonzero(s >= 0.5)
         ranked = passing[np.lexsort((passing, -s[passing]))][:3]
@@ -158,7 +159,10 @@ def test_ties_keep_the_earlier_bullets(streamed, corpus):
     tie = got.filter(pa.compute.equal(got["conversation_id"], "tie"))
     assert len(set(tie["score"].to_pylist())) == 1  # equal texts, exactly equal scores
     assert tie["score"][0].as_py() >= 0.5  # the seeded vanilla head passes them (else this test would be vacuous)
-    assert tie["keep"].to_pylist() == [True] * 3 + [False] * 4
+    # equal texts are duplicates: the earliest represents them, the others go with reason and representative
+    assert tie["keep"].to_pylist() == [True] + [False] * 6
+    assert tie["reason"].to_pylist() == [None] + ["duplicate"] * 6
+    assert tie["duplicate_of"].to_pylist() == [None] + ["tie:s0:b0"] * 6
 
 
 def test_prune_json_matches_the_written_store(streamed, scorer_dir, pruner):
@@ -179,7 +183,9 @@ def test_prune_json_matches_the_written_store(streamed, scorer_dir, pruner):
     assert set(summary["settings"]) == {"t0.5_k3", "t0.5_k1", "t0.5_k5", "t0.5_kall"}
     k1, kall = summary["settings"]["t0.5_k1"], summary["settings"]["t0.5_kall"]
     assert k1["bullets_after"] <= r["bullets_after"] <= summary["settings"]["t0.5_k5"]["bullets_after"] <= kall["bullets_after"]
-    assert kall["bullets_total_after"] == int((got["score"].to_numpy() >= 0.5).sum())
+    dup = np.array([r == "duplicate" for r in got["reason"].to_pylist()])
+    assert kall["bullets_total_after"] == int(((got["score"].to_numpy() >= 0.5) & ~dup).sum())
+    assert r["dropped_by_reason"]["duplicate"] == int(dup.sum()) == summary["duplicates"] >= 6
     assert summary["tokenizer"].startswith("tokens of the scorer's encoder tokenizer")
     assert "| t0.5_k3 (written) |" in (out / "prune.md").read_text()
 
@@ -229,8 +235,10 @@ def test_shuffle_path_for_interleaved_groups(ray_local, scorer_dir, store, corpu
     assert got.num_rows == corpus.num_rows
     assert sorted(got["bullet_id"].to_pylist()) == sorted(corpus["bullet_id"].to_pylist())
     expected = pruner.prune_table(corpus, group_by="speaker")
-    want = dict(zip(expected["bullet_id"].to_pylist(), expected["keep"].to_pylist()))
-    assert dict(zip(got["bullet_id"].to_pylist(), got["keep"].to_pylist())) == want
+    cols = ("keep", "reason", "duplicate_of")  # same decisions and reasons (duplicates merged across the sort)
+    want = dict(zip(expected["bullet_id"].to_pylist(), zip(*(expected[c].to_pylist() for c in cols))))
+    assert dict(zip(got["bullet_id"].to_pylist(), zip(*(got[c].to_pylist() for c in cols)))) == want
+    assert "duplicate" in expected["reason"].to_pylist()
     # rows come out grouped (by key), each group in input order
     pos = {b: i for i, b in enumerate(corpus["bullet_id"].to_pylist())}
     keys = group_keys_of(got, GROUP_KEYS["speaker"])
@@ -319,7 +327,7 @@ def test_empty_store_writes_an_empty_store(tmp_path, scorer_dir):
     pq.write_table(_bullets([]), tmp_path / "empty.parquet")
     summary = run_prune(PruneConfig(scorer=str(scorer_dir), input=str(tmp_path / "empty.parquet"), out=str(tmp_path / "o")))
     got = read_pruned(tmp_path / "o")
-    assert got.num_rows == 0 and got.column_names[-2:] == ["score", "keep"]
+    assert got.num_rows == 0 and got.column_names[-4:] == ["score", "keep", "reason", "duplicate_of"]
     assert summary["groups"] == 0 and summary["result"]["bullets_total_after"] == 0
 
 

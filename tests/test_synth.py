@@ -7,6 +7,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -175,3 +176,24 @@ def test_cli_synth_then_stats(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout[result.stdout.index("{") :])
     assert stats["bullets"] == summary["counts"]["bullets"] and stats["sessions"] == 18
+
+
+def test_duplicates_are_injected_with_ground_truth_and_leave_the_rest_as_it_was(tmp_path):
+    from memprune.synth import generate
+
+    generate(tmp_path / "plain", conversations=4, sessions=3, seed=5)
+    summary = generate(tmp_path / "dup", conversations=4, sessions=3, seed=5, duplicates=0.3)
+    plain = pq.read_table(tmp_path / "plain" / "bullets.parquet")
+    dup = pq.read_table(tmp_path / "dup" / "bullets.parquet")
+    source, kinds = dup.column("dup_source").to_pylist(), dup.column("dup_kind").to_pylist()
+    originals = dup.filter(pa.array([s is None for s in source]))
+    assert originals.drop_columns(["dup_source", "dup_kind"]).equals(plain)  # the rest: the same corpus, same order
+    by_id = dict(zip(dup.column("bullet_id").to_pylist(), dup.to_pylist()))
+    copies = [(r, by_id[r["dup_source"]]) for r in dup.to_pylist() if r["dup_source"] is not None]
+    assert len(copies) == summary["counts"]["duplicates_verbatim"] + summary["counts"]["duplicates_paraphrase"] > 10
+    assert {k for k in kinds if k} == {"verbatim", "paraphrase"}
+    for copy, orig in copies:
+        assert (copy["conversation_id"], copy["session_index"], copy["speaker"]) == \
+            (orig["conversation_id"], orig["session_index"], orig["speaker"])
+        assert (copy["text"] == orig["text"]) == (copy["dup_kind"] == "verbatim")
+    assert len(set(dup.column("bullet_id").to_pylist())) == dup.num_rows

@@ -1,11 +1,13 @@
-"""Pruning (DESIGN step 5): drop bullets scored below a threshold, keep the top-k of each group.
+"""Pruning (DESIGN step 5): merge duplicates, then keep what the policy (rule, budget, fraction) says, with reasons.
 
     from memprune.prune import MemoryPruner, PruneConfig, PruneRule, run
     MemoryPruner("runs/train/stage2/seed0", threshold=0.5, top_k=5).prune(["Alice has a cat.", "It rained."])
     run(PruneConfig(scorer="runs/train/stage2/seed0", input="runs/msc", out="runs/msc-pruned"))
 
 - `config`: `PruneRule` (threshold, top-k, group-by) and `PruneConfig`, validated once.
-- `rule`: the rule as pure numpy functions (shared with `memprune evaluate`).
+- `rule`: the paper's rule as pure numpy functions (shared with `memprune evaluate`).
+- `policy`: the whole decision, pure: duplicates, floor, policy (rule/budget/fraction), min-keep, reasons.
+- `split`: `--emit split` (kept/ store + dropped/ archive) and the `bullets` restorer of `memprune restore`.
 - `scoring`: scoring helpers and `MemoryPruner` (in-process, no Ray).
 - `stats`: per-group counters and the before/after summary.
 - `store`: the Parquet store, its block plan, the atomic swap of the output.
@@ -22,13 +24,15 @@ from memprune.prune.config import (
     PruneRule,
     PruneSettings,
 )
+from memprune.prune.policy import REASONS, Decision, apply_policy, decide_policy, find_duplicates, normalize_text
 from memprune.prune.rule import (
     group_codes,
     prune_mask,
     rank_within_groups,
     setting_name,
 )
-from memprune.prune.scoring import KeptBullet, MemoryPruner, group_keys_of, score_texts
+from memprune.prune.scoring import KeptBullet, MemoryPruner, group_keys_of, score_and_embed, score_texts
+from memprune.prune.split import restore_bullets, write_split
 from memprune.prune.stage import run
 from memprune.prune.store import list_store_files, open_store, plan_store, read_pruned
 
@@ -36,6 +40,15 @@ run_prune = run
 
 __all__ = [
     "GROUP_KEYS",
+    "REASONS",
+    "Decision",
+    "apply_policy",
+    "decide_policy",
+    "find_duplicates",
+    "normalize_text",
+    "restore_bullets",
+    "score_and_embed",
+    "write_split",
     "KeptBullet",
     "MemoryPruner",
     "PruneConfig",

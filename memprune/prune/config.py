@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
@@ -17,6 +17,9 @@ from memprune.precision import Precision
 from memprune.prune.rule import setting_name
 
 GroupBy = Literal["session", "conversation", "speaker"]
+Policy = Literal["rule", "budget", "fraction"]
+# The default near-duplicate cosine: chosen by bench/dedup_bench.py on `memprune synth --duplicates 0.2`.
+DEDUP_THRESHOLD = 0.88
 GROUP_KEYS: dict[str, tuple[str, ...]] = {
     "session": ("conversation_id", "session_index"),
     "conversation": ("conversation_id",),
@@ -29,14 +32,38 @@ class PruneError(MemPruneError):
 
 
 class PruneRule(ConfigModel):
-    """DESIGN step 5: drop scores below `threshold`, then keep the `top_k` best of each group."""
+    """The pruning decision: near-duplicate merging, a policy (the paper's `rule`, `budget`, `fraction`), min-keep.
+
+    `rule` (the default, DESIGN step 5): drop scores below `threshold`, then keep the `top_k` best
+    of each group. `budget`: keep the best while the group's kept tokens stay <= `budget_tokens`.
+    `fraction`: keep the top ceil(`fraction` * n) of the group's n distinct bullets. For all:
+    duplicates merged first (`dedup`), an optional score `floor`, and `min_keep`.
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
+    policy: Policy = Field("rule", description="rule (threshold then top-k, the paper's), budget or fraction")
     threshold: float | None = Field(0.5, ge=0.0, le=1.0,
-                                    description="drop bullets scored below this (scores are in [0, 1]); null = no threshold")
-    top_k: int | None = Field(5, ge=1, description="keep at most k bullets per group; null = no cap")
-    group_by: GroupBy = Field("session", description="what top-k applies to: session, conversation or speaker")
+                                    description="rule: drop bullets scored below this (scores are in [0, 1]); null = no threshold")
+    top_k: int | None = Field(5, ge=1, description="rule: keep at most k bullets per group; null = no cap")
+    budget_tokens: int | None = Field(None, ge=0, description="budget: kept tokens per group never exceed this")
+    fraction: float | None = Field(None, gt=0.0, le=1.0, description="fraction: keep the top ceil(q * n) of each group")
+    min_keep: int = Field(0, ge=0, description="never leave a group with fewer than m bullets if it had them "
+                                               "(wins over floor, threshold and budget)")
+    floor: float | None = Field(None, ge=0.0, le=1.0, description="any policy: drop bullets scored below this")
+    dedup: bool = Field(True, description="merge exact and near-duplicate bullets of a group before deciding")
+    dedup_threshold: float = Field(DEDUP_THRESHOLD, gt=0.0, le=1.0,
+                                   description="cosine similarity of the scorer's encoder embeddings at which two "
+                                               "bullets are near-duplicates")
+    group_by: GroupBy = Field("session", description="what the policy applies to: session, conversation or speaker")
+
+    @model_validator(mode="after")
+    def _policy_fields(self) -> "PruneRule":
+        if self.policy == "budget" and self.budget_tokens is None:
+            raise ValueError("policy 'budget' needs budget_tokens (--budget-tokens B)")
+        if self.policy == "fraction" and self.fraction is None:
+            raise ValueError("policy 'fraction' needs fraction (--fraction q, 0 < q <= 1)")
+        return self
 
     @classmethod
     def of(cls, **fields: Any) -> "PruneRule":
@@ -48,7 +75,11 @@ class PruneRule(ConfigModel):
 
     @property
     def name(self) -> str:
-        """Stable display key of the rule's (threshold, top-k), e.g. 't0.5_k5' or 't0.5_kall'."""
+        """Stable display key of the rule, e.g. 't0.5_k5', 't0.5_kall', 'budget120' or 'fraction0.4'."""
+        if self.policy == "budget":
+            return f"budget{self.budget_tokens}"
+        if self.policy == "fraction":
+            return f"fraction{self.fraction:g}"
         return setting_name(self.threshold, self.top_k)
 
     @property
@@ -63,6 +94,12 @@ class PruneRule(ConfigModel):
             if (self.threshold, k) not in out:
                 out.append((self.threshold, k))
         return out
+
+    def variants(self, top_ks: list[int]) -> list["PruneRule"]:
+        """The rules prune.json reports: this one first; for policy `rule` also its top-k sweep."""
+        if self.policy != "rule":
+            return [self]
+        return [self.model_copy(update={"threshold": t, "top_k": k}) for t, k in self.sweep(top_ks)]
 
 
 class PruneSettings(ConfigModel):
@@ -90,6 +127,11 @@ class PruneSettings(ConfigModel):
     tokenizer: str = Field("encoder", description="token unit: encoder, whitespace, or a tokenizer.json (or its dir)")
     columns: list[str] | None = Field(None, description="extra input columns to carry; null = all")
     limit_rows: int | None = Field(None, ge=1, description="only the first N rows, rounded up to whole groups (trials)")
+    dry_run: bool = Field(False, description="decide and report (prune.json, prune.md, preview.jsonl) but write no store")
+    preview_groups: int = Field(20, ge=0, description="dry run: about this many groups (a hash sample) in preview.jsonl")
+    emit: Literal["keep", "split"] = Field(
+        "keep", description="keep: pruned/ (every bullet + score, keep, reason); split: also kept/ (the kept bullets, "
+        "input columns) and dropped/ (the archive: score, reason, run fingerprint; `memprune restore`)")
     ray_address: str | None = None
     progress: bool = True
 
@@ -100,9 +142,9 @@ class PruneSettings(ConfigModel):
             raise ValueError(f"sweep_top_k values must be >= 1, got {v}")
         return sorted(set(v))
 
-    def settings(self) -> list[tuple[float | None, int | None]]:
-        """The rule's (threshold, top-k) first, then the sweep values reported beside it."""
-        return self.rule.sweep(self.sweep_top_k)
+    def settings(self) -> list[PruneRule]:
+        """The rule first, then (policy `rule`) its top-k sweep reported beside it."""
+        return self.rule.variants(self.sweep_top_k)
 
 
 class PruneConfig(PruneSettings):

@@ -22,18 +22,20 @@ import pyarrow.compute as pc
 
 from memprune.encoders import EncoderActor
 from memprune.errors import MemPruneError
-from memprune.prune.config import PruneConfig, PruneError
+from memprune.prune.config import PruneConfig, PruneError, PruneRule
+from memprune.prune.policy import Decision, unify_equal_texts
+from memprune.prune.rule import group_codes
 from memprune.prune.scoring import (
+    EMB,
     ROW,
     SORTKEY,
     TOKENS,
     check_scores,
-    decide,
     group_keys_of,
-    score_texts,
+    score_and_embed,
     with_outputs,
 )
-from memprune.prune.stats import block_stats, empty_stats, merge_stats
+from memprune.prune.stats import block_stats, empty_stats, merge_stats, stable_hash
 from memprune.prune.store import Plan, read_rows
 from memprune.runtime import ActorResources
 from memprune.timing import busy_seconds, now
@@ -104,7 +106,7 @@ def _sort_key(table: pa.Table, keys: Sequence[str]) -> pa.Array:
 class _Tally:
     """Ray actor collecting per-block counters; fails when one group reaches it from two blocks."""
 
-    def __init__(self, settings: list[tuple[float | None, int | None]]) -> None:
+    def __init__(self, settings: list[PruneRule]) -> None:
         self.stats = empty_stats(settings)
         self.hashes: list[np.ndarray] = []
         self.blocks = 0
@@ -141,7 +143,7 @@ class ScoreSettings:
     precision: str
     tokenizer: str
     keys: list[str]
-    settings: list[tuple[float | None, int | None]]
+    settings: list[PruneRule]
     decide_here: bool
     tally: Any
     calibrated: bool = False  # map raw scores through the artifact's calibration.json
@@ -169,7 +171,8 @@ class ScoreActor(EncoderActor):
         s = self.s
         started, t0 = now(), time.perf_counter()
         texts = block.column("text").to_pylist()
-        scores = score_texts(self.scorer, texts, s.batch_size, s.sort_by_length)
+        dedup = s.settings[0].dedup
+        scores, emb = score_and_embed(self.scorer, texts, s.batch_size, s.sort_by_length, embed=dedup)
         check_scores(scores, block.column("bullet_id").to_pylist(), "prune")
         if s.calibrated:
             scores = self.scorer.calibrate(scores)
@@ -179,40 +182,75 @@ class ScoreActor(EncoderActor):
         times = {"score_s": t1 - t0, "tokens_s": t2 - t1}
         if not s.decide_here:
             ray.get(s.tally.add_time.remote(times, (started, now())))
-            return block.append_column("score", pa.array(scores, pa.float64())).append_column(TOKENS, pa.array(tokens))
+            block = block.append_column("score", pa.array(scores, pa.float64())).append_column(TOKENS, pa.array(tokens))
+            if emb is not None:  # carried through the sort to the decision
+                block = block.append_column(EMB, pa.FixedSizeListArray.from_arrays(emb.reshape(-1), emb.shape[1]))
+            return block
         groups = group_keys_of(block, s.keys)
-        threshold, top_k = s.settings[0]
-        keep = decide(scores, groups, threshold, top_k)
-        stats = block_stats(groups, scores, tokens, s.settings)
-        out = with_outputs(block, scores, keep)
+        stats, decision = _decide(groups, scores, tokens, s.settings, None, texts, emb)
+        out = with_outputs(block, scores, decision)
         times["decide_s"] = time.perf_counter() - t2
         ray.get(s.tally.add_time.remote(times, (started, now())))
         ray.get(s.tally.add.remote(stats))
         return out
 
 
+def _decide(groups: list[Any], scores: np.ndarray, tokens: np.ndarray, settings: list[PruneRule],
+            order: np.ndarray | None, texts: list[str], emb: np.ndarray | None) -> tuple[dict[str, Any], Decision]:
+    """Counters and the written setting's decision of a block of whole groups; user errors as `PruneError`."""
+    try:
+        return block_stats(groups, scores, tokens, settings, order=order, texts=texts, embeddings=emb)
+    except ValueError as exc:
+        raise PruneError(str(exc)) from exc
+
+
+def _unify(groups: list[Any], scores: np.ndarray, texts: list[str], emb: np.ndarray | None,
+           order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Equal texts of a group take their earliest copy's score and embedding (see `unify_equal_texts`)."""
+    return unify_equal_texts(scores, group_codes(groups), texts, emb, order)
+
+
 def decide_sorted_block(
-    block: pa.Table, keys: list[str], settings: list[tuple[float | None, int | None]], tally: Any
+    block: pa.Table, keys: list[str], settings: list[PruneRule], tally: Any
 ) -> pa.Table:
     """Shuffle path: a block of whole groups after the sort; order rows by (group, input position) and decide."""
     import ray
 
     if block.num_rows == 0:
-        return with_outputs(block, np.zeros(0), np.zeros(0, dtype=bool))
+        empty = np.zeros(0, dtype=np.int64)
+        return with_outputs(block, np.zeros(0), Decision(empty.astype(bool), empty.astype(object), empty,
+                                                         empty.astype(bool)))
     block = block.sort_by([(SORTKEY, "ascending"), (ROW, "ascending")])
     scores = block.column("score").to_numpy()
     tokens = block.column(TOKENS).to_numpy()
     order = block.column(ROW).to_numpy()
+    emb = None
+    if EMB in block.column_names:
+        col = block.column(EMB).combine_chunks()
+        emb = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), col.type.list_size)
     groups = group_keys_of(block, keys)
-    threshold, top_k = settings[0]
     started = now()
-    keep = decide(scores, groups, threshold, top_k, order=order)
-    stats = block_stats(groups, scores, tokens, settings, order=order)
-    out = with_outputs(block, scores, keep)
+    texts = block.column("text").to_pylist()
+    scores, emb = _unify(groups, scores, texts, emb, order)
+    stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb)
+    out = with_outputs(block, scores, decision)
     ray.get(tally.add_time.remote({"decide_s": now() - started}, (started, now())))
     ray.get(tally.add.remote(stats))
     return out
 
+
+
+PREVIEW_COLUMNS = ("bullet_id", "text", "score", "keep", "reason", "duplicate_of")
+
+
+def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
+    """The rows of a hash sample of the block's groups (each group in or out whole), with the preview's columns."""
+    cols = [*keys, *(c for c in PREVIEW_COLUMNS if c not in keys)]
+    if block.num_rows == 0 or rate <= 0:
+        return block.select(cols).slice(0, 0)
+    groups = group_keys_of(block, keys)
+    chosen = {g: (stable_hash(g) & 0xFFFFFFFF) < rate * 2**32 for g in dict.fromkeys(groups)}
+    return block.select(cols).filter(pa.array([chosen[g] for g in groups], pa.bool_()))
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*Error): (.+)$", re.MULTILINE)
@@ -236,8 +274,9 @@ _USER_ERRORS = {"PruneError", "SchemaError", "ScorerError", "EncoderError", "Tok
 
 def run_pipeline(
     config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Path, calibrated: bool = False,
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """Assemble and run the Ray Data pipeline; write the store into `tmp`; return counters and timing.
+) -> tuple[dict[str, Any], dict[str, float], pa.Table | None]:
+    """Assemble and run the Ray Data pipeline; write the store into `tmp` (a dry run: collect the preview
+    sample instead, and write nothing); return counters, timing and the preview rows (dry run only).
     `calibrated`: the actors map raw scores through the artifact's calibration (resolved on the driver)."""
     import ray
     from ray.data import DataContext
@@ -268,7 +307,17 @@ def run_pipeline(
                 fn_kwargs={"keys": list(keys), "settings": settings, "tally": tally},
                 batch_size=None, batch_format="pyarrow", num_cpus=config.io_cpus,
             )
-        ds.write_parquet(str(tmp), min_rows_per_file=config.rows_per_file, ray_remote_args={"num_cpus": config.io_cpus})
+        preview = None
+        if config.dry_run:
+            rate = min(1.0, config.preview_groups / max(plan.runs, 1))
+            ds = ds.map_batches(preview_block, fn_kwargs={"keys": list(keys), "rate": rate}, batch_size=None,
+                                batch_format="pyarrow", num_cpus=config.io_cpus)
+            parts = list(ds.iter_batches(batch_format="pyarrow", batch_size=None))
+            parts = [pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p for p in parts if p.num_rows]
+            preview = pa.concat_tables(parts) if parts else None
+        else:
+            ds.write_parquet(str(tmp), min_rows_per_file=config.rows_per_file,
+                             ray_remote_args={"num_cpus": config.io_cpus})
         stats = ray.get(tally.result.remote())
         timing["pipeline_s"] = time.perf_counter() - t1
     except Exception as exc:
@@ -279,4 +328,4 @@ def run_pipeline(
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
         ray.kill(tally)
-    return stats, timing
+    return stats, timing, preview

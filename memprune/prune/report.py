@@ -1,40 +1,95 @@
-"""prune.md: the before/after table per pruning setting, and how the job ran (from prune.json alone)."""
+"""prune.md: the before/after table per pruning setting, why bullets go, and how the job ran (from prune.json alone)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from memprune.markdown import fmt, table, time_line
-from memprune.prune.rule import setting_name
+from memprune.prune.policy import REASONS
+
+EMPTIED_WARNING_PCT = 20.0
+
+
+def emptied_warning(summary: dict[str, Any]) -> str | None:
+    """One line when more than 20% of the (non-empty) groups end up empty under the written setting, else None."""
+    r = summary["result"]
+    pct = r.get("groups_emptied_pct")
+    if pct is None or pct <= EMPTIED_WARNING_PCT:
+        return None
+    unit = summary["rule"]["group_by"]
+    return (f"{pct:.0f}% of the {unit}s ({r['groups_emptied']} of {summary['groups']}) end up empty under "
+            f"{summary['rule']['name']}; consider --min-keep 1, a budget or a lower threshold")
+
+
+def describe_rule(rule: dict[str, Any]) -> str:
+    """The written decision in words, e.g. 'budget: kept tokens <= 120 per session; duplicates merged at cosine 0.9'."""
+    unit = rule["group_by"]
+    if rule["policy"] == "budget":
+        text = f"budget: the best bullets while the kept tokens stay <= {rule['budget_tokens']} per {unit}"
+    elif rule["policy"] == "fraction":
+        text = f"fraction: the top ceil({rule['fraction']:g} x n) bullets of each {unit}"
+    else:
+        k = "no cap" if rule["top_k"] is None else f"top {rule['top_k']}"
+        t = "no threshold" if rule["threshold"] is None else f"score >= {rule['threshold']:g}"
+        text = f"rule (the paper's): {t}, then {k} per {unit}"
+    extras = []
+    if rule.get("floor") is not None:
+        extras.append(f"score floor {rule['floor']:g}")
+    if rule.get("min_keep"):
+        extras.append(f"at least {rule['min_keep']} kept per {unit}")
+    extras.append(f"duplicates merged at cosine {rule['dedup_threshold']:g}" if rule.get("dedup") else "no duplicate merging")
+    return f"{text}; {'; '.join(extras)}"
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
-    """prune.md: bullets and tokens per group before/after pruning, per setting."""
+    """prune.md: bullets and tokens per group before/after pruning, per setting, and the reasons for dropping."""
     g = summary["grouping"]
     unit = summary["rule"]["group_by"]
-    written = setting_name(summary["rule"]["threshold"], summary["rule"]["top_k"])
-    ordered = sorted(summary["settings"].items(), key=lambda kv: (kv[1]["top_k"] is None, kv[1]["top_k"] or 0))
+    written = summary["rule"]["name"]
+    ordered = sorted(summary["settings"].items(), key=lambda kv: (kv[0] != written, kv[1]["top_k"] is None,
+                                                                   kv[1]["top_k"] or 0))
     rows = [
         [f"{name} (written)" if name == written else name, fmt(s["bullets_before"], 2), fmt(s["bullets_after"], 2),
          fmt(s["bullet_reduction_pct"], 1), fmt(s["tokens_before"], 1), fmt(s["tokens_after"], 1),
          fmt(s["token_reduction_pct"], 1), fmt(s["groups_emptied_pct"], 1)]
         for name, s in ordered
     ]
+    result = summary["result"]
+    reasons = [[r, str(result["dropped_by_reason"].get(r, 0))] for r in REASONS]
     t = summary["timing"]
+    warning = emptied_warning(summary)
+    if summary.get("dry_run"):
+        store_line = (f"Dry run: no store written; {summary['emitted']['preview']['rows']} bullets of sampled "
+                      f"{unit}s in `preview.jsonl`.")
+    else:
+        out = summary["output"]
+        store_line = f"Rows in = rows out = {out['rows']}; store `{out['store']}`"
+        if summary["emitted"].get("kept"):
+            e = summary["emitted"]
+            store_line += (f"; kept store `{e['kept']['path']}` ({e['kept']['rows']} bullets), archive "
+                           f"`{e['dropped']['path']}` ({e['dropped']['rows']} bullets; `memprune restore` puts them back)")
+        store_line += "."
     return "\n".join([
         "# Pruning report",
         "",
         f"Input `{summary['input']['path']}`: {summary['input']['rows']} bullets in {summary['groups']} {unit} groups; "
         f"scorer `{summary['scorer']['path']}` (stage {summary['scorer']['stage'] or 'n/a'}, "
         f"encoder {summary['scorer']['encoder']}).",
+        f"Decision: {describe_rule(summary['rule'])}. Run fingerprint `{summary['fingerprint']}`.",
         f"Tokens: {summary['tokenizer']}. Grouping: {g['mode']} ({g['reason']}).",
         *score_line(summary.get("score")),
+        *(["", f"**Warning:** {warning}."] if warning else []),
         "",
         *table(["setting", f"bullets/{unit} before", "after", "reduction %", f"tokens/{unit} before", "after",
                 "reduction %", f"{unit}s emptied %"], rows),
         "",
-        f"Rows in = rows out = {summary['output']['rows']}; store `{summary['output']['store']}`; "
-        f"{t['wall_s']} s ({t['bullets_per_s']} bullets/s); {time_line(t)}.",
+        f"Why bullets go ({written}; {result['kept_by_min_keep']} kept only by min-keep"
+        + (f", {result['groups_over_budget']} {unit}s over budget because of min-keep" if result["budget_tokens"] is not None else "")
+        + "):",
+        "",
+        *table(["reason", "bullets"], reasons),
+        "",
+        f"{store_line} {t['wall_s']} s ({t['bullets_per_s']} bullets/s); {time_line(t)}.",
         "",
     ])
 

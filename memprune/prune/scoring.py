@@ -13,18 +13,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memprune.calibration import CalibrationError, ScoreMode, resolve_score_mode
 from memprune.precision import Precision, resolve_precision
 from memprune.prune.config import PruneError, PruneRule
-from memprune.prune.rule import prune_mask
+from memprune.prune.policy import Decision, decide_policy
+from memprune.prune.rule import group_codes
 
-OUTPUT_COLUMNS = ("score", "keep")
+OUTPUT_COLUMNS = ("score", "keep", "reason", "duplicate_of")
 # Helper columns that live only inside the batch job's pipeline (never written).
 ROW = "__memprune_row"
 SORTKEY = "__memprune_sortkey"
 TOKENS = "__memprune_tokens"
-HELPERS = (ROW, SORTKEY, TOKENS)
+EMB = "__memprune_emb"
+HELPERS = (ROW, SORTKEY, TOKENS, EMB)
 
 
 def bullet_text(bullet: Any, index: int) -> str:
@@ -45,21 +48,39 @@ def score_texts(scorer: Any, texts: Sequence[str], batch_size: int, sort_by_leng
     Scoring each distinct text once makes equal texts score exactly equal wherever they
     sit in a batch, so ties are broken by position in the batch job and in-process alike.
     """
+    return score_and_embed(scorer, texts, batch_size, sort_by_length, embed=False)[0]
+
+
+def score_and_embed(scorer: Any, texts: Sequence[str], batch_size: int, sort_by_length: bool = True,
+                    embed: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scores of `texts` (as `score_texts`) and, with `embed`, the encoder embeddings the head scored.
+
+    The embeddings come from the same forward pass as the scores (`Scorer.embed`, then the head on
+    them: `Scorer.score_embeddings`), so near-duplicate merging costs no second encoder pass.
+    """
     if not len(texts):
-        return np.zeros(0, dtype=np.float64)
+        return np.zeros(0, dtype=np.float64), (np.zeros((0, 0), dtype=np.float32) if embed else None)
     index: dict[str, int] = {}
     inverse = np.fromiter((index.setdefault(t, len(index)) for t in texts), dtype=np.int64, count=len(texts))
     unique = list(index)
-    if sort_by_length:
-        order = np.argsort(np.fromiter((len(t) for t in unique), dtype=np.int64, count=len(unique)), kind="stable")
-        sorted_scores = np.asarray(scorer.score([unique[i] for i in order], batch_size=batch_size), dtype=np.float64)
-        scores = np.empty_like(sorted_scores)
-        scores[order] = sorted_scores
+    order = (np.argsort(np.fromiter((len(t) for t in unique), dtype=np.int64, count=len(unique)), kind="stable")
+             if sort_by_length else np.arange(len(unique)))
+    batch = [unique[i] for i in order]
+    emb = None
+    if embed:
+        emb_sorted = np.asarray(scorer.embed(batch, batch_size=batch_size), dtype=np.float32)
+        got = np.asarray(scorer.score_embeddings(emb_sorted), dtype=np.float64)
     else:
-        scores = np.asarray(scorer.score(unique, batch_size=batch_size), dtype=np.float64)
-    if scores.shape != (len(unique),):
-        raise PruneError(f"the scorer returned {scores.shape} scores for {len(unique)} texts")
-    return scores[inverse]
+        got = np.asarray(scorer.score(batch, batch_size=batch_size), dtype=np.float64)
+    if got.shape != (len(unique),):
+        raise PruneError(f"the scorer returned {got.shape} scores for {len(unique)} texts")
+    scores = np.empty_like(got)
+    scores[order] = got
+    if embed:
+        emb = np.empty_like(emb_sorted)
+        emb[order] = emb_sorted
+        emb = emb[inverse]
+    return scores[inverse], emb
 
 
 def check_scores(scores: np.ndarray, ids: Sequence[Any], where: str) -> None:
@@ -80,21 +101,31 @@ def group_keys_of(table: pa.Table, keys: Sequence[str]) -> list[Any]:
 
 
 def decide(
-    scores: np.ndarray, groups: Sequence[Any] | np.ndarray, threshold: float | None, top_k: int | None,
-    order: np.ndarray | None = None,
-) -> np.ndarray:
-    """The keep mask of `memprune.prune.rule.prune_mask`, with `PruneError` instead of ValueError."""
+    scores: np.ndarray, groups: Sequence[Any] | np.ndarray, rule: PruneRule, tokens: np.ndarray | None = None,
+    texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None, order: np.ndarray | None = None,
+) -> Decision:
+    """The decision of `memprune.prune.policy.decide_policy` for these groups, with `PruneError` instead of ValueError."""
     try:
-        return prune_mask(scores, groups, threshold, top_k, order=order)
+        codes = group_codes(groups)
+        if len(codes) != len(scores):
+            raise ValueError(f"scores ({len(scores)}) and groups ({len(codes)}) differ in length")
+        return decide_policy(np.asarray(scores, dtype=np.float64), codes, rule, tokens, texts, embeddings, order)
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
 
 
-def with_outputs(table: pa.Table, scores: np.ndarray, keep: np.ndarray) -> pa.Table:
-    """`table` without helper/old output columns, plus float64 `score` and bool `keep`."""
+def with_outputs(table: pa.Table, scores: np.ndarray, decision: Decision) -> pa.Table:
+    """`table` without helper/old output columns, plus `score`, `keep`, `reason` and `duplicate_of` (a bullet_id)."""
     drop = [c for c in (*HELPERS, *OUTPUT_COLUMNS) if c in table.column_names]
+    ids = table.column("bullet_id")
     table = table.drop_columns(drop) if drop else table
-    return table.append_column("score", pa.array(scores, pa.float64())).append_column("keep", pa.array(keep, pa.bool_()))
+    dup = decision.duplicate_of
+    dup_ids = pc.take(ids, pa.array(np.where(dup >= 0, dup, 0), pa.int64())) if len(dup) else pa.array([], pa.string())
+    dup_ids = pc.if_else(pa.array(dup >= 0, pa.bool_()), dup_ids, pa.scalar(None, pa.string()))
+    return (table.append_column("score", pa.array(scores, pa.float64()))
+            .append_column("keep", pa.array(decision.keep, pa.bool_()))
+            .append_column("reason", pa.array(decision.reason.tolist(), pa.string()))
+            .append_column("duplicate_of", dup_ids.cast(pa.string())))
 
 
 @dataclass(frozen=True)
@@ -108,22 +139,25 @@ class KeptBullet:
 
 
 class MemoryPruner:
-    """Prune the memory of one live session in-process (no Ray), with the batch job's exact rule.
+    """Prune the memory of one live session in-process (no Ray), with the batch job's exact decision.
 
-    `MemoryPruner(scorer, threshold=0.5, top_k=5).prune(bullets)` scores the bullets
-    (strings, or mappings with a 'text' key), drops scores below `threshold`, keeps the
-    `top_k` best (ties: earlier bullet first) and returns the kept ones in input order.
-    `scorer` is a loaded `Scorer` or an artifact directory; the rule is a `PruneRule` or its
-    fields as keywords (unset fields take the rule's defaults). `precision` is that of the forward
-    passes (`auto`: bf16 on a CUDA device that supports it, else fp32). `score` is the batch job's
-    setting: `auto` (calibrated where the artifact has a calibration.json, else raw; `score_note` says
-    so), `raw`, or `calibrated` (an error without a calibration); `calibrated` tells which was used.
+    `MemoryPruner(scorer, threshold=0.5, top_k=5).prune(bullets)` scores the bullets (strings, or
+    mappings with a 'text' key), merges duplicates, applies the rule's policy (`rule`, `budget`,
+    `fraction`; floor, min-keep) and returns the kept ones in input order; `decisions` also says why
+    each other bullet goes. `scorer` is a loaded `Scorer` or an artifact directory; the rule is a
+    `PruneRule` or its fields as keywords (unset fields take the rule's defaults). `tokenizer` is the
+    token unit of the budget (as `memprune prune`'s). `precision` is that of the forward passes
+    (`auto`: bf16 on a CUDA device that supports it, else fp32). `score` is the batch job's setting:
+    `auto` (calibrated where the artifact has a calibration.json, else raw; `score_note` says so),
+    `raw`, or `calibrated` (an error without a calibration); `calibrated` tells which was used.
     """
 
     def __init__(self, scorer: Any, rule: PruneRule | None = None, batch_size: int = 64, sort_by_length: bool = True,
-                 device: str | None = None, precision: Precision | None = None, score: ScoreMode = "auto",
+                 device: str | None = None, precision: Precision | None = None, tokenizer: str = "encoder",
+                 score: ScoreMode = "auto",
                  **rule_fields: Any) -> None:
         from memprune.scorer import Scorer
+        from memprune.tokens import check_unit
 
         if rule is not None and rule_fields:
             raise PruneError(f"give a PruneRule or its fields, not both (got {sorted(rule_fields)})")
@@ -144,6 +178,17 @@ class MemoryPruner:
             raise PruneError(str(exc)) from exc
         self.batch_size = batch_size
         self.sort_by_length = sort_by_length
+        check_unit(tokenizer)
+        self.tokenizer = tokenizer
+        self._count: Any = None
+
+    def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
+        """Tokens per text in the rule's unit (the counter of `memprune prune`, built on first use)."""
+        if self._count is None:
+            from memprune.tokens import token_counter
+
+            self._count = token_counter(self.tokenizer, tokenizer=getattr(self.scorer, "tokenizer", None))[0]
+        return self._count(texts)
 
     def score(self, bullets: Sequence[Any]) -> np.ndarray:
         """Usefulness scores (float64) of `bullets`, in order; NaN/inf raise `PruneError`."""
@@ -152,14 +197,31 @@ class MemoryPruner:
         check_scores(scores, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner")
         return self.scorer.calibrate(scores) if self.calibrated else scores
 
+    def _decide_texts(self, texts: list[str], groups: Sequence[Any], ids: Sequence[Any], where: str,
+                      rule: PruneRule) -> tuple[np.ndarray, Decision]:
+        # A duck-typed scorer without `embed` (no encoder) gets exact-duplicate merging only.
+        embed = rule.dedup and hasattr(self.scorer, "embed")
+        scores, emb = score_and_embed(self.scorer, texts, self.batch_size, self.sort_by_length, embed=embed)
+        check_scores(scores, ids, where)
+        if self.calibrated:
+            scores = self.scorer.calibrate(scores)
+        tokens = self.count_tokens(texts) if rule.policy == "budget" else None
+        return scores, decide(scores, groups, rule, tokens, texts, emb)
+
+    def decisions(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, Decision]:
+        """(scores, the whole `Decision`: keep, reason, duplicate_of) for `bullets`; one group unless `groups`."""
+        texts = [bullet_text(b, i) for i, b in enumerate(bullets)]
+        if groups is None:
+            groups = np.zeros(len(texts), dtype=np.int64)
+        elif len(groups) != len(texts):
+            raise PruneError(f"groups ({len(groups)}) and bullets ({len(texts)}) differ in length")
+        return self._decide_texts(texts, groups, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner",
+                                  self.rule)
+
     def decide(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, keep mask) for `bullets`; all one group unless per-bullet `groups` are given."""
-        scores = self.score(bullets)
-        if groups is None:
-            groups = np.zeros(len(scores), dtype=np.int64)
-        elif len(groups) != len(scores):
-            raise PruneError(f"groups ({len(groups)}) and bullets ({len(scores)}) differ in length")
-        return scores, decide(scores, groups, self.rule.threshold, self.rule.top_k)
+        scores, decision = self.decisions(bullets, groups)
+        return scores, decision.keep
 
     def prune(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> list[KeptBullet]:
         """The kept bullets with their scores, in input order."""
@@ -168,7 +230,7 @@ class MemoryPruner:
         return [KeptBullet(int(i), bullet_text(bullets[i], int(i)), float(scores[i]), bullets[i]) for i in np.flatnonzero(keep)]
 
     def prune_table(self, table: pa.Table, group_by: str | None = None) -> pa.Table:
-        """A small bullets table with `score` and `keep` columns, decided as the batch job does.
+        """A small bullets table with `score`, `keep`, `reason` and `duplicate_of`, decided as the batch job does.
 
         `group_by` replaces the rule's grouping for this call.
         """
@@ -176,9 +238,6 @@ class MemoryPruner:
         missing = [c for c in ("bullet_id", "text", *rule.keys) if c not in table.column_names]
         if missing:
             raise PruneError(f"<table>: column {missing[0]!r} missing")
-        scores = score_texts(self.scorer, table.column("text").to_pylist(), self.batch_size, self.sort_by_length)
-        check_scores(scores, table.column("bullet_id").to_pylist(), "MemoryPruner.prune_table")
-        if self.calibrated:
-            scores = self.scorer.calibrate(scores)
-        keep = decide(scores, group_keys_of(table, rule.keys), rule.threshold, rule.top_k)
-        return with_outputs(table, scores, keep)
+        scores, decision = self._decide_texts(table.column("text").to_pylist(), group_keys_of(table, rule.keys),
+                                              table.column("bullet_id").to_pylist(), "MemoryPruner.prune_table", rule)
+        return with_outputs(table, scores, decision)

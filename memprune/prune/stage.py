@@ -9,6 +9,7 @@ writes `OUT/prune.json` and `OUT/prune.md`: bullets and tokens per group before 
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ from rich.console import Console
 
 from memprune.calibration import CalibrationError, resolve_score_mode
 from memprune.encoders import EncoderError
-from memprune.io import OutputSet, check_out, write_summary
-from memprune.prune.config import PruneConfig, PruneError
+from memprune.io import OutputSet, check_out, write_jsonl, write_summary
+from memprune.prune.config import PruneConfig, PruneError, PruneRule
 from memprune.prune.report import render_markdown
+from memprune.prune.split import write_split
 from memprune.prune.stats import empty_stats, summarize_stats
 from memprune.prune.store import (
     STORE_DIR,
@@ -36,6 +38,7 @@ from memprune.runtime import ActorResources, ensure_ray, plan_actors
 from memprune.scorer import ScorerError, check_artifact, load_calibration
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
+from memprune.work import digest
 
 PRUNE_FORMAT = 1
 console = Console(stderr=True)
@@ -67,6 +70,26 @@ def score_mode(config: PruneConfig, scorer_info: dict[str, Any]) -> dict[str, An
     except CalibrationError as exc:
         raise PruneError(str(exc)) from exc
     return {"requested": config.score, "used": "calibrated" if calibrated else "raw", "calibration": cal, "note": note}
+
+
+OUTPUT_TYPES = {"score": pa.float64(), "keep": pa.bool_(), "reason": pa.string(), "duplicate_of": pa.string()}
+
+
+def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: list[Any]) -> str:
+    """What the decision depends on (rule, scorer, input files' sizes and times, token unit), as 16 hex digits."""
+    payload = {"rule": config.rule.model_dump(mode="json"), "score": config.score, "scorer": scorer_info,
+               "tokenizer": config.tokenizer,
+               "limit_rows": config.limit_rows, "columns": config.columns,
+               "input": [(f.path, f.num_rows, os.stat(f.path).st_size, os.stat(f.path).st_mtime_ns) for f in files]}
+    return digest(payload)[:16]
+
+
+def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
+    """preview.jsonl: one line per bullet of the sampled groups (group, bullet, score, kept or why it goes)."""
+    rows = [] if preview is None else preview.to_pylist()
+    return write_jsonl(path, ({"group": {k: r[k] for k in keys}, "bullet_id": r["bullet_id"], "text": r["text"],
+                               "score": r["score"], "kept": r["keep"], "reason": r["reason"],
+                               "duplicate_of": r["duplicate_of"]} for r in rows))
 
 
 def run(config: PruneConfig) -> dict[str, Any]:
@@ -103,13 +126,14 @@ def run(config: PruneConfig) -> dict[str, Any]:
     with OutputSet(out, "prune") as outputs:
         summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, init_s,
                             started, outputs, scores_used)
+    where = "dry run, no store written" if config.dry_run else str(out / STORE_DIR)
     console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
-                  f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {out / STORE_DIR}", highlight=False)
+                  f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {where}", highlight=False)
     return summary
 
 
 def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema: pa.Schema,
-              settings: list[tuple[float | None, int | None]], files: list[Any], notes: list[str],
+              settings: list[PruneRule], files: list[Any], notes: list[str],
               scorer_info: dict[str, Any], block_rows: int, init_s: float, started: float,
               outputs: OutputSet, scores_used: dict[str, Any]) -> dict[str, Any]:
     """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
@@ -117,33 +141,52 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
 
     rule = config.rule
     store = outputs.path(STORE_DIR)
+    out_schema = pa.schema([*schema, *(pa.field(n, t) for n, t in OUTPUT_TYPES.items())])
+    preview = None
     if plan.rows == 0 or res is None:
         stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
         timing: dict[str, float] = {}
-        store.mkdir(parents=True)
-        out_schema = schema.append(pa.field("score", pa.float64())).append(pa.field("keep", pa.bool_()))
-        pq.write_table(out_schema.empty_table(), store / "part-00000.parquet")
+        if not config.dry_run:
+            store.mkdir(parents=True)
+            pq.write_table(out_schema.empty_table(), store / "part-00000.parquet")
     else:
-        stats, timing = run_pipeline(config, res, plan, schema, store, calibrated=scores_used["used"] == "calibrated")
+        stats, timing, preview = run_pipeline(config, res, plan, schema, store,
+                                              calibrated=scores_used["used"] == "calibrated")
         timing = {"ray_init_s": init_s, **timing}
-    written = finalize_files(store)
+    written = [] if config.dry_run else finalize_files(store)
     rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
-    if not (plan.rows == stats["rows"] == rows_out):
+    if not (plan.rows == stats["rows"] == (stats["rows"] if config.dry_run else rows_out)):
         raise PruneError(f"row count mismatch: {plan.rows} read, {stats['rows']} scored, {rows_out} written")
     if stats["split_groups"]:
         raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
     final_store = outputs.out / STORE_DIR
     per_setting = summarize_stats(stats, settings)
+    fingerprint = run_fingerprint(config, scorer_info, files)
+    emitted: dict[str, Any] = {}
+    if config.dry_run:
+        emitted["preview"] = {"path": str(outputs.out / "preview.jsonl"),
+                              "rows": write_preview(outputs.path("preview.jsonl"), preview, list(rule.keys))}
+    elif config.emit == "split":
+        pruned = pa.concat_tables([pq.read_table(p) for p in written])
+        input_ids = pa.chunked_array([c for f in files for c in pq.read_table(f.path, columns=["bullet_id"])
+                                      .column(0).cast(pa.string()).chunks], pa.string())[:plan.rows]
+        emitted |= write_split(pruned, input_ids, schema.names, outputs.staging, outputs.out, fingerprint,
+                               {"input": str(config.input), "pruned": str(final_store)})
     summary = {
         "format": PRUNE_FORMAT,
         "input": {"path": str(config.input), "files": [f.path for f in files], "rows": plan.rows,
                   "rows_in_files": sum(f.num_rows for f in files), "limit_rows": config.limit_rows},
-        "output": {"store": str(final_store), "files": [p.name for p in written], "rows": rows_out,
-                   "columns": [*schema.names, "score", "keep"]},
+        "dry_run": config.dry_run,
+        "fingerprint": fingerprint,
+        "output": None if config.dry_run else {
+            "store": str(final_store), "files": [p.name for p in written], "rows": rows_out,
+            "columns": out_schema.names, "emit": config.emit},
+        "emitted": emitted,
         "scorer": scorer_info,
         "score": scores_used,
-        "rule": {"threshold": rule.threshold, "top_k": rule.top_k, "group_by": rule.group_by, "keys": list(rule.keys),
+        "rule": {**rule.model_dump(mode="json"), "name": rule.name, "keys": list(rule.keys),
                  "ties": "higher score first, then earlier input position"},
+        "duplicates": stats.get("duplicates", 0),
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
                      "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
         "tokenizer": unit_name(config.tokenizer, scorer_info["encoder"]),

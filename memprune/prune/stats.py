@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from memprune.prune.rule import group_codes, setting_name
-from memprune.prune.scoring import decide
+from memprune.prune.config import PruneRule
+from memprune.prune.policy import REASONS, Decision, apply_policy, find_duplicates
+from memprune.prune.rule import group_codes
 
 
 def stable_hash(key: Any) -> int:
@@ -26,21 +27,25 @@ def stable_hash(key: Any) -> int:
     return int.from_bytes(hashlib.blake2b(repr(key).encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
-def empty_stats(settings: Sequence[tuple[float | None, int | None]]) -> dict[str, Any]:
+def empty_stats(settings: Sequence[PruneRule]) -> dict[str, Any]:
     """Additive counters of the prune job (merged over blocks by `merge_stats`)."""
     return {
         "rows": 0, "groups": 0, "tokens": 0, "score_sum": 0.0, "score_min": None, "score_max": None,
-        "below_threshold": 0,
-        "settings": {setting_name(t, k): {"kept": 0, "tokens_kept": 0, "groups_emptied": 0, "kept_hist": {}}
-                     for t, k in settings},
+        "below_threshold": 0, "duplicates": 0,
+        "settings": {r.name: {"kept": 0, "tokens_kept": 0, "groups_emptied": 0, "groups_over_budget": 0, "rescued": 0,
+                              "reasons": dict.fromkeys(REASONS, 0), "kept_hist": {}}
+                     for r in settings},
     }
 
 
 def block_stats(
-    groups: Sequence[Any], scores: np.ndarray, tokens: np.ndarray,
-    settings: Sequence[tuple[float | None, int | None]], order: np.ndarray | None = None,
-) -> dict[str, Any]:
-    """Counters of one block that holds whole groups: rows, groups, tokens, kept per setting."""
+    groups: Sequence[Any], scores: np.ndarray, tokens: np.ndarray, settings: Sequence[PruneRule],
+    order: np.ndarray | None = None, texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None,
+) -> tuple[dict[str, Any], Decision]:
+    """Counters of one block that holds whole groups, and the decision of the first setting (the one written).
+
+    Duplicates are found once (every setting shares the rule's dedup) and each setting's policy applied to them.
+    """
     codes = group_codes(groups)
     n_groups = int(codes.max()) + 1 if len(codes) else 0
     first = np.unique(codes, return_index=True)[1] if len(codes) else np.zeros(0, dtype=np.int64)
@@ -50,23 +55,31 @@ def block_stats(
         score_min=float(scores.min()) if len(scores) else None, score_max=float(scores.max()) if len(scores) else None,
         group_hashes=np.fromiter((stable_hash(groups[i]) for i in first), dtype=np.int64, count=len(first)),
     )
-    threshold = settings[0][0]
-    stats["below_threshold"] = int((scores < threshold).sum()) if threshold is not None else 0
-    for t, k in settings:
-        keep = decide(scores, codes, t, k, order)
-        kept = np.bincount(codes[keep], minlength=n_groups)
+    main = settings[0]
+    stats["below_threshold"] = int((scores < main.threshold).sum()) if main.threshold is not None else 0
+    dup = find_duplicates(scores, codes, texts, embeddings, main.dedup_threshold, order) if main.dedup else None
+    stats["duplicates"] = int((dup >= 0).sum()) if dup is not None else 0
+    decisions = []
+    for rule in settings:
+        d = apply_policy(scores, codes, rule, tokens, dup, order)
+        decisions.append(d)
+        kept = np.bincount(codes[d.keep], minlength=n_groups)
+        kept_tokens = np.bincount(codes[d.keep], weights=tokens[d.keep], minlength=n_groups)
         hist = np.bincount(kept)
-        stats["settings"][setting_name(t, k)] = {
-            "kept": int(keep.sum()), "tokens_kept": int(tokens[keep].sum()),
-            "groups_emptied": int((kept == 0).sum()), "kept_hist": {str(i): int(c) for i, c in enumerate(hist) if c},
+        stats["settings"][rule.name] = {
+            "kept": int(d.keep.sum()), "tokens_kept": int(tokens[d.keep].sum()),
+            "groups_emptied": int((kept == 0).sum()),
+            "groups_over_budget": int((kept_tokens > rule.budget_tokens).sum()) if rule.policy == "budget" else 0,
+            "rescued": int(d.rescued.sum()), "reasons": d.reason_counts(),
+            "kept_hist": {str(i): int(c) for i, c in enumerate(hist) if c},
         }
-    return stats
+    return stats, decisions[0]
 
 
 def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Sum two counter dicts from `block_stats`/`empty_stats` (min/max combined, histograms added)."""
     out = dict(a)
-    for key in ("rows", "groups", "tokens", "score_sum", "below_threshold"):
+    for key in ("rows", "groups", "tokens", "score_sum", "below_threshold", "duplicates"):
         out[key] = a[key] + b[key]
     for key, fn in (("score_min", min), ("score_max", max)):
         vals = [v for v in (a[key], b[key]) if v is not None]
@@ -77,26 +90,36 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         hist = dict(sa["kept_hist"])
         for k, v in sb["kept_hist"].items():
             hist[k] = hist.get(k, 0) + v
-        settings[name] = {"kept": sa["kept"] + sb["kept"], "tokens_kept": sa["tokens_kept"] + sb["tokens_kept"],
-                          "groups_emptied": sa["groups_emptied"] + sb["groups_emptied"], "kept_hist": hist}
+        settings[name] = {key: sa[key] + sb[key] for key in ("kept", "tokens_kept", "groups_emptied",
+                                                              "groups_over_budget", "rescued")}
+        settings[name]["reasons"] = {r: sa["reasons"][r] + sb["reasons"][r] for r in sa["reasons"]}
+        settings[name]["kept_hist"] = hist
     out["settings"] = settings
     return out
 
 
-def summarize_stats(stats: dict[str, Any], settings: Sequence[tuple[float | None, int | None]]) -> dict[str, Any]:
-    """Per setting: bullets and tokens per group before/after, reductions in percent, groups emptied."""
+def summarize_stats(stats: dict[str, Any], settings: Sequence[PruneRule]) -> dict[str, Any]:
+    """Per setting: bullets and tokens per group before/after, reductions in percent, groups emptied, reasons."""
     rows, groups, tokens = stats["rows"], stats["groups"], stats["tokens"]
     per = max(groups, 1)
     out: dict[str, Any] = {}
-    for t, k in settings:
-        s = stats["settings"][setting_name(t, k)]
-        out[setting_name(t, k)] = {
-            "threshold": t, "top_k": k,
+    for rule in settings:
+        s = stats["settings"][rule.name]
+        out[rule.name] = {
+            "policy": rule.policy, "threshold": rule.threshold if rule.policy == "rule" else None,
+            "top_k": rule.top_k if rule.policy == "rule" else None,
+            "budget_tokens": rule.budget_tokens if rule.policy == "budget" else None,
+            "fraction": rule.fraction if rule.policy == "fraction" else None,
+            "floor": rule.floor, "min_keep": rule.min_keep,
+            "dedup_threshold": rule.dedup_threshold if rule.dedup else None,
             "bullets_before": rows / per, "bullets_after": s["kept"] / per,
             "bullet_reduction_pct": 100.0 * (1 - s["kept"] / rows) if rows else None,
             "tokens_before": tokens / per, "tokens_after": s["tokens_kept"] / per,
             "token_reduction_pct": 100.0 * (1 - s["tokens_kept"] / tokens) if tokens else None,
+            "groups_emptied": s["groups_emptied"],
             "groups_emptied_pct": 100.0 * s["groups_emptied"] / groups if groups else None,
+            "groups_over_budget": s["groups_over_budget"], "kept_by_min_keep": s["rescued"],
+            "dropped_by_reason": s["reasons"],
             "bullets_total_before": rows, "bullets_total_after": s["kept"],
             "tokens_total_before": tokens, "tokens_total_after": s["tokens_kept"],
             "kept_per_group_hist": dict(sorted(s["kept_hist"].items(), key=lambda kv: int(kv[0]))),

@@ -22,6 +22,8 @@ class SynthSettings(ConfigModel):
     oneoffs_per_session: int = Field(2, description="mean one-off remarks per speaker per session")
     mention_prob: float = Field(0.35, description="chance a known fact is restated in an intermediate session")
     stray_prob: float = Field(0.0, description="share of persona facts stated once and never again")
+    duplicates: float = Field(0.0, description="share of bullets that get a duplicate (verbatim or paraphrased) in "
+                                               "their session, with ground truth (dup_source, dup_kind)")
 
     @field_validator("conversations")
     @classmethod
@@ -51,7 +53,7 @@ class SynthSettings(ConfigModel):
             raise ValueError(f"oneoffs_per_session must be >= 0, got {v}")
         return v
 
-    @field_validator("mention_prob", "stray_prob")
+    @field_validator("mention_prob", "stray_prob", "duplicates")
     @classmethod
     def _probability(cls, v: float) -> float:
         if not 0.0 <= v <= 1.0:  # also rejects NaN

@@ -67,6 +67,8 @@ class SynthBullet:
     recurs: bool
     kind: str
     key: str
+    dup_source: str | None = None  # injected duplicates (`duplicates` > 0): the bullet it copies
+    dup_kind: str | None = None  # "verbatim" or "paraphrase"
 
 
 @dataclass
@@ -273,4 +275,53 @@ def synth_conversation(index: int, config: SynthSettings) -> SynthConversation:
         session.turns = _session(rng, cid, s, names, said, bullets, recurs_of)
         sessions.append(session)
         day += rng.randint(2, 30)
+    if config.duplicates:
+        bullets = inject_duplicates(bullets, config.duplicates,
+                                    random.Random(f"memprune-synth-duplicates/{config.seed}/{index}"), cid)
     return SynthConversation(cid, list(names), sessions, bullets)
+
+
+# Meaning-preserving rewordings of a restated fact, as a summarizer writes them: word swaps and wrappers.
+_SWAPS = (("loves", "really loves"), ("enjoys", "likes"), ("favorite", "preferred"), ("is learning", "has been learning"),
+          ("plans to", "intends to"), ("this morning", "earlier today"), ("today", "earlier today"), ("a lot", "often"),
+          ("works as", "is employed as"), ("wants to", "would like to"), ("regularly", "often"), ("has a", "owns a"),
+          ("is a fan of", "is really into"), ("takes", "is taking"), ("spends free time on", "spends spare time on"))
+_WRAPS = ("Apparently, {t}", "{t} (mentioned again)", "As noted, {t}", "It seems that {t}", "Once more: {t}")
+
+
+def paraphrase(text: str, rng: random.Random) -> str:
+    """The same fact in other words: a word swap where one applies, and/or a wrapper; never the text itself."""
+    out = text
+    swaps = [(a, b) for a, b in _SWAPS if f" {a} " in f" {text.rstrip('.')} "]
+    if swaps:
+        a, b = rng.choice(swaps)
+        out = f" {text} ".replace(f" {a} ", f" {b} ", 1).replace(f" {a}.", f" {b}.", 1).strip()
+    if out == text or rng.random() < 0.5:
+        wrap = rng.choice(_WRAPS)
+        body = out if wrap.startswith("{t}") else out[0].lower() + out[1:] if not out[:2].istitle() else out
+        out = wrap.format(t=body)
+    return out
+
+
+def inject_duplicates(bullets: list[SynthBullet], share: float, rng: random.Random, cid: str) -> list[SynthBullet]:
+    """Add a duplicate of about `share` of the bullets to their own session, with ground truth.
+
+    Half are paraphrases (`paraphrase`: the same fact reworded), the rest verbatim copies. Each copy
+    gets a fresh id after the session's own and sits at a random place in its session. A separate
+    random stream leaves the rest of the corpus as it was.
+    """
+    out: list[SynthBullet] = []
+    for s in sorted({b.session_index for b in bullets}):
+        session = [b for b in bullets if b.session_index == s]
+        copies = []
+        for b in session:
+            if rng.random() >= share:
+                continue
+            kind = "paraphrase" if rng.random() < 0.5 else "verbatim"
+            text = paraphrase(b.text, rng) if kind == "paraphrase" else b.text
+            copies.append(SynthBullet(bullet_id(cid, s, len(session) + len(copies)), s, b.speaker, text,
+                                      list(b.evidence), b.recurs, b.kind, b.key, b.bullet_id, kind))
+        for c in copies:
+            session.insert(rng.randint(0, len(session)), c)
+        out += session
+    return out

@@ -20,6 +20,9 @@ from memprune.synth.generator import (
     synth_conversation,
 )
 
+# `duplicates` > 0: the ground truth of the injected duplicates (the bullet copied, verbatim or paraphrase)
+DUPLICATE_BULLETS = SYNTH_BULLETS.append(pa.field("dup_source", pa.string())).append(pa.field("dup_kind", pa.string()))
+
 
 def _offsets(lengths: list[int]) -> pa.Array:
     out = [0] * (len(lengths) + 1)
@@ -82,8 +85,9 @@ class _SessionBatch:
 class _BulletBatch:
     """Column lists for a batch of synthetic `bullets` rows (evidence flattened with offsets)."""
 
-    def __init__(self) -> None:
-        self.cols: dict[str, list[Any]] = {n: [] for n in SYNTH_BULLETS.names}
+    def __init__(self, schema: pa.Schema = SYNTH_BULLETS) -> None:
+        self.schema = schema
+        self.cols: dict[str, list[Any]] = {n: [] for n in schema.names}
         self.n_evidence: list[int] = []
         self.evidence: list[str] = []
 
@@ -97,6 +101,9 @@ class _BulletBatch:
             c["text"].append(b.text)
             c["recurs"].append(b.recurs)
             c["kind"].append(b.kind)
+            if "dup_source" in c:
+                c["dup_source"].append(b.dup_source)
+                c["dup_kind"].append(b.dup_kind)
             self.n_evidence.append(len(b.evidence))
             self.evidence += b.evidence
 
@@ -105,13 +112,13 @@ class _BulletBatch:
 
     def table(self) -> pa.Table:
         arrays = []
-        for f in SYNTH_BULLETS:
+        for f in self.schema:
             if f.name == "evidence":
                 arrays.append(pa.ListArray.from_arrays(_offsets(self.n_evidence), pa.array(self.evidence, pa.string()),
                                                        type=f.type))
             else:
                 arrays.append(pa.array(self.cols[f.name], f.type))
-        return pa.Table.from_arrays(arrays, schema=SYNTH_BULLETS)
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
 def run(config: SynthConfig) -> dict[str, Any]:
@@ -125,16 +132,19 @@ def run(config: SynthConfig) -> dict[str, Any]:
         iterator = tqdm(iterator, desc="synth", unit="conv")
     settings = SynthSettings.model_validate(config.model_dump(include=set(SynthSettings.model_fields)))
     session_rows = config.batch_rows // 10
+    b_schema = DUPLICATE_BULLETS if config.duplicates else SYNTH_BULLETS
     with OutputSet(config.out, "synth") as outputs:
         with TableSink(outputs.path("sessions.parquet"), SESSIONS) as s_sink, \
-                TableSink(outputs.path("bullets.parquet"), SYNTH_BULLETS) as b_sink:
-            s_batch, b_batch = _SessionBatch(), _BulletBatch()
+                TableSink(outputs.path("bullets.parquet"), b_schema) as b_sink:
+            s_batch, b_batch = _SessionBatch(), _BulletBatch(b_schema)
             for i in iterator:
                 conv = synth_conversation(i, settings)
                 counts["turns"] += s_batch.add(conv)
                 b_batch.add(conv)
                 for b in conv.bullets:
                     counts["recurs"] += b.recurs
+                    if b.dup_kind:
+                        counts[f"duplicates_{b.dup_kind}"] = counts.get(f"duplicates_{b.dup_kind}", 0) + 1
                     by_kind[b.kind] = by_kind.get(b.kind, 0) + 1
                 counts["conversations"] += 1
                 counts["sessions"] += len(conv.sessions)
@@ -144,7 +154,7 @@ def run(config: SynthConfig) -> dict[str, Any]:
                     s_batch = _SessionBatch()
                 if len(b_batch) >= config.batch_rows:
                     b_sink.write_table(b_batch.table())
-                    b_batch = _BulletBatch()
+                    b_batch = _BulletBatch(b_schema)
             if len(s_batch):
                 s_sink.write_table(s_batch.table())
             if len(b_batch):

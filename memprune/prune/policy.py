@@ -1,0 +1,219 @@
+"""The pruning decision as pure numpy: near-duplicate merging, then a policy, then the min-keep guarantee.
+
+One implementation for the Ray batch job (`memprune prune`) and `MemoryPruner`, so both give the same
+decisions and reasons on the same data. Within each group (session):
+
+1. **Duplicates** (`find_duplicates`): bullets whose normalised texts are equal, or whose encoder
+   embeddings have cosine similarity >= `dedup_threshold`, form clusters (transitively); the
+   highest-scored bullet of a cluster represents it, the others go with reason `duplicate`.
+2. **Floor**: representatives scored below `floor` go with reason `below_floor`.
+3. **Policy** over the remaining bullets, ranked by score (ties: earlier first):
+   `rule` keeps score >= threshold, then the top-k (`below_threshold`, `over_top_k`); `budget`
+   keeps the best while the group's kept tokens stay <= B (`over_budget`); `fraction` keeps the top
+   ceil(q * n) of the group's n distinct bullets (`over_top_k`).
+4. **Min-keep**: a group left with fewer than m bullets gets its best non-duplicate bullets back
+   (whatever the floor, threshold or budget said), up to m.
+
+Every step keeps a prefix of the group's ranking, so the result is deterministic and the kept set
+of a group is always its best non-duplicate bullets.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from memprune.prune.rule import rank_within_groups
+
+if TYPE_CHECKING:
+    from memprune.prune.config import PruneRule
+
+DUPLICATE, BELOW_FLOOR = "duplicate", "below_floor"
+BELOW_THRESHOLD, OVER_TOP_K, OVER_BUDGET = "below_threshold", "over_top_k", "over_budget"
+REASONS = (DUPLICATE, BELOW_FLOOR, BELOW_THRESHOLD, OVER_TOP_K, OVER_BUDGET)
+_PUNCT = re.compile(r"[^\w\s]+")
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Per bullet: kept?, the reason it goes (None when kept), its cluster's representative (-1: none)."""
+
+    keep: np.ndarray
+    reason: np.ndarray
+    duplicate_of: np.ndarray
+    rescued: np.ndarray
+
+    def reason_counts(self) -> dict[str, int]:
+        """How many bullets go for each reason (every reason listed, zeros included)."""
+        return {r: int((self.reason == r).sum()) for r in REASONS}
+
+
+def normalize_text(text: str) -> str:
+    """The text compared for exact duplicates: NFKC, case-folded, punctuation dropped, spaces collapsed."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return _SPACE.sub(" ", _PUNCT.sub(" ", text)).strip()
+
+
+def _order(n: int, order: np.ndarray | None) -> np.ndarray:
+    return np.arange(n) if order is None else np.asarray(order)
+
+
+def unify_equal_texts(
+    scores: np.ndarray, codes: np.ndarray, texts: Sequence[str], embeddings: np.ndarray | None = None,
+    order: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Give equal texts of a group the score (and embedding) of their earliest copy.
+
+    In-process and inside one block equal texts already score exactly equal (each distinct text is
+    scored once); the batch job's shuffle path scores a group's rows in different blocks, where
+    batch padding moves the last bits. Unifying makes ties, and so the decision, the same everywhere.
+    """
+    n = len(scores)
+    if n < 2:
+        return scores, embeddings
+    ordr = _order(n, order)
+    first: dict[tuple[int, str], int] = {}
+    for i in np.argsort(ordr, kind="stable"):
+        first.setdefault((int(codes[i]), texts[i]), int(i))
+    src = np.fromiter((first[(int(c), t)] for c, t in zip(codes, texts)), dtype=np.int64, count=n)
+    if (src == np.arange(n)).all():
+        return scores, embeddings
+    return np.asarray(scores)[src], None if embeddings is None else np.asarray(embeddings)[src]
+
+
+def find_duplicates(
+    scores: np.ndarray, codes: np.ndarray, texts: Sequence[str] | None, embeddings: np.ndarray | None,
+    threshold: float | None, order: np.ndarray | None = None,
+) -> np.ndarray:
+    """Index of each bullet's cluster representative (-1 for a representative or a singleton).
+
+    Clusters are connected components, within a group, of "same normalised text" (when `texts`
+    are given) or "cosine >= threshold" (when `embeddings` and a threshold are given); the
+    representative is the highest-scored member, ties broken by `order`/position.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n = len(scores)
+    dup_of = np.full(n, -1, dtype=np.int64)
+    if n < 2 or (texts is None and (embeddings is None or threshold is None)):
+        return dup_of
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    if texts is not None:  # exact duplicates: same (group, normalised text) -> link to the first seen
+        first: dict[tuple[int, str], int] = {}
+        a = np.fromiter((first.setdefault((int(c), normalize_text(t)), i) for i, (c, t) in enumerate(zip(codes, texts))),
+                        dtype=np.int64, count=n)
+        linked = np.flatnonzero(a != np.arange(n))
+        rows.append(linked)
+        cols.append(a[linked])
+    if embeddings is not None and threshold is not None:
+        emb = np.asarray(embeddings, dtype=np.float32)
+        if emb.shape[0] != n:
+            raise ValueError(f"embeddings ({emb.shape[0]}) and scores ({n}) differ in length")
+        norms = np.linalg.norm(emb, axis=1, keepdims=True)
+        emb = emb / np.maximum(norms, 1e-12)
+        by_group = np.argsort(codes, kind="stable")
+        bounds = np.flatnonzero(np.diff(codes[by_group])) + 1
+        for idx in np.split(by_group, bounds):
+            if len(idx) < 2:
+                continue
+            for lo in range(0, len(idx), 1024):  # row chunks bound the memory of a very large group
+                sim = emb[idx[lo:lo + 1024]] @ emb[idx].T
+                i, j = np.nonzero(sim >= threshold)
+                upper = idx[lo + i] < idx[j]
+                rows.append(idx[lo + i[upper]])
+                cols.append(idx[j[upper]])
+    r = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    if not len(r):
+        return dup_of
+    c = np.concatenate(cols)
+    graph = coo_matrix((np.ones(len(r), dtype=np.int8), (r, c)), shape=(n, n))
+    _, comp = connected_components(graph, directed=False)
+    rank = np.lexsort((_order(n, order), -np.asarray(scores, dtype=np.float64), comp))
+    sorted_comp = comp[rank]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_comp)) + 1]
+    rep_of_comp = np.empty(comp.max() + 1, dtype=np.int64)
+    rep_of_comp[sorted_comp[starts]] = rank[starts]
+    rep = rep_of_comp[comp]
+    dup_of[rep != np.arange(n)] = rep[rep != np.arange(n)]
+    return dup_of
+
+
+def apply_policy(
+    scores: np.ndarray, codes: np.ndarray, rule: "PruneRule", tokens: np.ndarray | None = None,
+    duplicate_of: np.ndarray | None = None, order: np.ndarray | None = None,
+) -> Decision:
+    """The decision of `rule` (floor, policy, min-keep) for bullets whose duplicates are already known."""
+    s = np.asarray(scores, dtype=np.float64)
+    n = len(s)
+    if np.isnan(s).any():
+        raise ValueError(f"{int(np.isnan(s).sum())} NaN score(s): clean the scores before pruning")
+    dup = np.zeros(n, dtype=bool) if duplicate_of is None else np.asarray(duplicate_of) >= 0
+    ordr = _order(n, order)
+    reason = np.full(n, None, dtype=object)
+    reason[dup] = DUPLICATE
+    active = ~dup
+    if rule.floor is not None:
+        low = active & (s < rule.floor)
+        reason[low] = BELOW_FLOOR
+        active &= ~low
+    n_groups = int(codes.max()) + 1 if n else 0
+    rank = rank_within_groups(np.where(active, s, -np.inf), codes, ordr)
+    if rule.policy == "rule":
+        keep = active.copy()
+        if rule.threshold is not None:
+            low = active & (s < rule.threshold)
+            reason[low] = BELOW_THRESHOLD
+            keep &= ~low
+        if rule.top_k is not None:
+            over = keep & (rank >= rule.top_k)
+            reason[over] = OVER_TOP_K
+            keep &= ~over
+    elif rule.policy == "fraction":
+        assert rule.fraction is not None
+        distinct = np.bincount(codes[active], minlength=n_groups)
+        k = np.ceil(rule.fraction * distinct - 1e-9).astype(np.int64)
+        keep = active & (rank < k[codes])
+        reason[active & ~keep] = OVER_TOP_K
+    elif rule.policy == "budget":
+        if tokens is None:
+            raise ValueError("policy 'budget' needs the token count of every bullet")
+        t = np.where(active, np.asarray(tokens, dtype=np.int64), 0)
+        idx = np.lexsort((rank, codes))
+        cum = np.cumsum(t[idx])
+        sc = codes[idx]
+        starts = np.r_[0, np.flatnonzero(np.diff(sc)) + 1]
+        before = np.repeat(np.r_[0, cum][starts], np.diff(np.r_[starts, n]))
+        within = np.empty(n, dtype=bool)
+        within[idx] = (cum - before) <= rule.budget_tokens
+        keep = active & within
+        reason[active & ~keep] = OVER_BUDGET
+    else:  # pragma: no cover - the config's Literal forbids it
+        raise ValueError(f"unknown policy {rule.policy!r}")
+    rescued = np.zeros(n, dtype=bool)
+    if rule.min_keep:
+        best = rank_within_groups(np.where(dup, -np.inf, s), codes, ordr) < rule.min_keep
+        rescued = best & ~keep & ~dup
+        keep |= rescued
+        reason[rescued] = None
+    return Decision(keep, reason, np.where(dup, np.asarray(duplicate_of if duplicate_of is not None else -1), -1),
+                    rescued)
+
+
+def decide_policy(
+    scores: np.ndarray, codes: np.ndarray, rule: "PruneRule", tokens: np.ndarray | None = None,
+    texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None, order: np.ndarray | None = None,
+) -> Decision:
+    """The whole decision of `rule` for one set of whole groups: duplicates (if `rule.dedup`), then `apply_policy`."""
+    dup = None
+    if rule.dedup:
+        dup = find_duplicates(scores, codes, texts, embeddings, rule.dedup_threshold, order)
+    return apply_policy(scores, codes, rule, tokens, dup, order)
+
