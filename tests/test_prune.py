@@ -211,8 +211,8 @@ def test_memory_pruner_raw_vs_calibrated(calibrated_dir, scorer_dir, corpus):
     texts = corpus["text"].to_pylist()[:60]
     loaded = Scorer.load(calibrated_dir)
     assert loaded.calibration is not None and loaded.source == calibrated_dir
-    raw = MemoryPruner(loaded, threshold=0.5, top_k=None, score="raw")
-    cal = MemoryPruner(loaded, threshold=0.5, top_k=None)  # auto: the artifact has a calibration
+    raw = MemoryPruner(loaded, threshold=0.5, top_k=None, score="raw", dedup=False)
+    cal = MemoryPruner(loaded, threshold=0.5, top_k=None, dedup=False)  # auto: the artifact has a calibration
     assert cal.calibrated and cal.score_note is None and not raw.calibrated
     r, c = raw.score(texts), cal.score(texts)
     np.testing.assert_allclose(c, loaded.calibration.apply(r))
