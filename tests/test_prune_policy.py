@@ -68,7 +68,8 @@ def test_config_names_and_checks():
     assert _rule().name == "t0.5_k5" and _rule(policy="budget", budget_tokens=120).name == "budget120"
     assert _rule(policy="fraction", fraction=0.4).name == "fraction0.4"
     for bad in ({"policy": "budget"}, {"policy": "fraction"}, {"fraction": 1.5}, {"min_keep": -1}, {"floor": 2},
-                {"dedup_threshold": 0}, {"policy": "knapsack"}):
+                {"dedup_threshold": 0}, {"policy": "knapsack"}, {"budget_tokens": 10}, {"policy": "budget",
+                "budget_tokens": 10, "fraction": 0.5}):
         with pytest.raises(PruneError):
             PruneRule.of(**bad)
     assert [r.name for r in _rule(top_k=3).variants([1, 3, 5])] == ["t0.5_k3", "t0.5_k1", "t0.5_k5", "t0.5_kall"]
