@@ -89,6 +89,7 @@ def test_duplicates_exact_and_near_transitive_within_groups():
     d = decide_policy(scores, codes, PruneRule.of(top_k=None, threshold=None, dedup_threshold=0.75), texts=texts,
                       embeddings=emb)
     assert d.reason.tolist() == ["duplicate", None, None, "duplicate", None, "duplicate", None]
+    assert find_duplicates(np.array([0.5, 0.4]), np.zeros(2, dtype=np.int64), ["?!", "..."], None, None).tolist() == [-1, -1]
     # ties in score: the earlier bullet represents the cluster
     assert find_duplicates(np.array([0.5, 0.5]), np.zeros(2, dtype=np.int64), ["a", "A"], None, None).tolist() == [-1, 0]
 
