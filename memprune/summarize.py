@@ -25,13 +25,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.ingest import distribution
 from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary, write_table
 from memprune.llm import LLMConfig, outcome_summary, run_llm
+from memprune.llm.config import LLMSection
 from memprune.llm.run import BULLET_TYPE, COMMON_FIELDS
 from memprune.rejects import Ledger
 from memprune.runtime import ensure_ray
@@ -54,27 +54,15 @@ class SummarizeError(MemPruneError):
     """The summarize inputs are unusable (missing table, bad config); the message names them."""
 
 
-class SummarizeConfig(ConfigModel):
+class SummarizeConfig(LLMSection):
     """Config of the summarize stage (`jobs/summarize.py`, `memprune summarize`)."""
 
     data: str = Field(..., description="Directory with sessions.parquet (a `memprune ingest` output).")
     out: str = Field(..., description="Output directory.")
-    llm_config: str | None = Field(None, description="YAML file of the LLM config (memprune.llm.LLMConfig).")
-    llm: dict[str, Any] | None = Field(None, description="Inline LLM config fields (instead of llm_config).")
-    llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the LLM config.")
     chunk_sessions: int = Field(2048, ge=1, description="Sessions per resumable chunk (one run_llm pass each).")
     block_rows: int = Field(16, ge=1, description="Sessions per Ray Data block (spreads work over replicas).")
     limit: int | None = Field(None, ge=1, description="Only the first N sessions (a trial run).")
 
-    @model_validator(mode="after")
-    def _one_llm(self) -> "SummarizeConfig":
-        if (self.llm is None) == (self.llm_config is None):
-            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
-        return self
-
-    def llm_settings(self) -> LLMConfig:
-        """The LLM config from the file or the inline section, with overrides applied."""
-        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
 
 
 def run(config: SummarizeConfig) -> dict[str, Any]:

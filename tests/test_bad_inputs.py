@@ -9,6 +9,7 @@ range); unknown keys and options; broken scorer artifacts; resources the cluster
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[st
     (root / "llm.yaml").write_text("engine: hf\nmodel: /nonexistent-model\naccelerator: cpu\n")
     (root / "a-file").write_text("not a directory")
     (root / "empty-dir").mkdir()
+    os.mkfifo(root / "a-pipe")  # what `--input <(zcat ...)` hands over; never opened (no writer)
     return {"root": root}
 
 
@@ -134,6 +136,7 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
         ("ingest-format", ["ingest", "-f", "nope", "-i", corpus, "-o", o], "unknown format", o),
         ("ingest-missing", ["ingest", "-f", "jsonl", "-i", str(r / "missing"), "-o", o], "no such file", o),
         ("ingest-devnull", ["ingest", "-f", "jsonl", "-i", "/dev/null", "-o", o], "/dev/null", o),
+        ("ingest-pipe", ["ingest", "-f", "jsonl", "-i", str(r / "a-pipe"), "-o", o], "a-pipe", o),
         ("ingest-out-file", ["ingest", "-f", "jsonl", "-i", corpus, "-o", afile], "a-file", None),
         ("ingest-out-inside", ["ingest", "-f", "jsonl", "-i", corpus, "-o", str(r / "corpus" / "again")],
          "inside", str(r / "corpus")),
@@ -196,6 +199,8 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
         ("train-encoder", [*train, "--encoder", "/nonexistent/encoder"], "/nonexistent/encoder", o),
         ("train-labels-table", ["train", "--data", corpus, "--labels", str(t["text-bullets"]), "--out", o],
          "labels.parquet", o),
+        ("train-cpus", ["train", "--data", corpus, "--labels", labels, "--out", o, "--set", "ray.cpus_per_worker=64"],
+         "ray.cpus_per_worker", o),
         ("train-gpu", ["train", "--data", corpus, "--labels", labels, "--out", o, "--set", "ray.use_gpu=true"],
          "ray.use_gpu", o),
         # evaluate
@@ -237,6 +242,7 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
          "sessions.parquet", o),
         ("dialogue-llm-missing", ["dialogue-eval", "--data", corpus, "--pruned", corpus, "--out", o, "--llm-config",
                                   str(r / "x.yaml")], "x.yaml", o),
+        ("dialogue-no-model", dialogue, "/nonexistent-model", o),
         ("dialogue-conditions", [*dialogue, "--conditions", "none,bogus"], "conditions", o),
         ("dialogue-retrieval-k", [*dialogue, "--retrieval-k", "abc"], "--retrieval-k", o),
         ("dialogue-turns", [*dialogue, "--turns", "0"], "turns", o),

@@ -212,6 +212,14 @@ def test_nan_scores_fail_the_job_loudly(ray_local, scorer_dir, store, tmp_path, 
     with pytest.raises(PruneError, match=r"non-finite score.*first for bullet"):
         _job(broken, store, tmp_path / "out", actors=1)
     assert not (tmp_path / "out" / "pruned").exists() and not (tmp_path / "out" / "prune.json").exists()
+    # A failed rerun over an earlier prune's outputs leaves them whole.
+    _job(scorer_dir, store, tmp_path / "old", actors=1)
+    before = sorted((str(f.relative_to(tmp_path / "old")), f.read_bytes()) for f in (tmp_path / "old").rglob("*")
+                    if f.is_file())
+    with pytest.raises(PruneError, match="non-finite"):
+        _job(broken, store, tmp_path / "old", actors=1)
+    assert sorted((str(f.relative_to(tmp_path / "old")), f.read_bytes()) for f in (tmp_path / "old").rglob("*")
+                  if f.is_file()) == before
     with pytest.raises(PruneError, match="non-finite"):
         MemoryPruner(broken).prune(["a bullet"])
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
 from memprune.dialogue.plan import CONDITIONS, SampleSettings
-from memprune.llm import LLMConfig
+from memprune.llm.config import LLMSection
 
 
 class BootstrapSettings(ConfigModel):
@@ -41,7 +41,7 @@ class MauveSettings(ConfigModel):
                                                 "each resample reclusters, seconds each).")
 
 
-class MemoryEvalConfig(ConfigModel):
+class MemoryEvalConfig(LLMSection):
     """The settings every evaluation of memory conditions with an LLM shares (dialogue-eval, qa-eval): the pruned
     store, the output, the LLM, the encoder's batching, the bootstrap and the Ray Data blocks. A subclass sets
     `CONDITIONS` and defines `data`, `conditions` and its own fields."""
@@ -51,9 +51,6 @@ class MemoryEvalConfig(ConfigModel):
     pruned: str | None = Field(None, description="Pruned store: a `memprune prune` output dir, its pruned/ dir, "
                                                  "or a Parquet file with bullet_id and keep.")
     out: str = Field(..., description="Output directory.")
-    llm_config: str | None = Field(None, description="YAML file of the generator's LLM config.")
-    llm: dict[str, Any] | None = Field(None, description="Inline LLM config fields (instead of llm_config).")
-    llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the LLM config.")
     encoder_max_length: int = Field(256, ge=8)
     encoder_batch_size: int = Field(64, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the encoders on the driver.")
@@ -71,15 +68,6 @@ class MemoryEvalConfig(ConfigModel):
             raise ValueError(f"conditions must be distinct values among {list(cls.CONDITIONS)}, got {value}")
         return value
 
-    @model_validator(mode="after")
-    def _one_llm(self) -> "MemoryEvalConfig":
-        if (self.llm is None) == (self.llm_config is None):
-            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
-        return self
-
-    def llm_settings(self) -> LLMConfig:
-        """The generator's LLM config from the file or the inline section, with overrides applied."""
-        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
 
 
 class DialogueEvalConfig(MemoryEvalConfig):

@@ -202,3 +202,21 @@ class LLMConfig(ConfigModel):
         if not key:
             raise ConfigError(f"api_key_env is {self.api_key_env!r} but that environment variable is not set")
         return key
+
+
+class LLMSection(ConfigModel):
+    """A stage config's one LLM: a YAML file or an inline section (exactly one), then `key=value` overrides."""
+
+    llm_config: str | None = Field(None, description="YAML file of the LLM config (memprune.llm.LLMConfig).")
+    llm: dict[str, Any] | None = Field(None, description="Inline LLM config fields (instead of llm_config).")
+    llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the LLM config.")
+
+    @model_validator(mode="after")
+    def _one_llm(self) -> "LLMSection":
+        if (self.llm is None) == (self.llm_config is None):
+            raise ValueError("set exactly one of `llm_config` (a YAML file) or an inline `llm` section")
+        return self
+
+    def llm_settings(self) -> LLMConfig:
+        """The LLM config from the file or the inline section, with overrides applied."""
+        return LLMConfig.resolve(self.llm_config, self.llm, self.llm_overrides)
