@@ -132,7 +132,7 @@ def main() -> None:
     (out / "budget_bench.json").write_text(json.dumps(result, indent=2) + "\n")
     r = result
     print(f"{r['bullets']} bullets in {r['sessions']} sessions, {r['relevant']} relevant (label >= {args.relevant}); "
-          f"budget {budget} tokens/session = {args.share:.0%} of {r['corpus_tokens']} corpus tokens per session; "
+          f"budget {budget} tokens/session = {args.share:.0%} of the corpus's {r['corpus_tokens']} tokens / {sessions} sessions; "
           f"min-keep {args.min_keep}")
     print(f"job (scorer + dedup): {job['relevant_kept']} relevant kept, {job['bullets_kept']} bullets, "
           f"{job['token_share_kept']:.1%} of tokens, {job['groups_emptied']} sessions emptied, "

@@ -63,6 +63,39 @@ def measure(table: Any, scores: np.ndarray, emb: np.ndarray, thresholds: list[fl
     return rows
 
 
+def cost(scorer: Any, table: Any, rows: int, repeats: int) -> dict[str, Any]:
+    """CPU seconds per bullet of scoring + deciding with and without merging, interleaved repeats, one thread.
+
+    CPU time of this process (not wall time), so that other load on the machine moves it less.
+    """
+    import torch
+
+    from memprune.prune import PruneRule, decide_policy, group_keys_of, score_and_embed
+    from memprune.prune.rule import group_codes
+
+    torch.set_num_threads(1)
+    part = table.slice(0, rows)
+    texts = part.column("text").to_pylist()
+    codes = group_codes(group_keys_of(part, ["conversation_id", "session_index"]))
+    rules = {True: PruneRule.of(), False: PruneRule.of(dedup=False)}
+    spent: dict[bool, list[float]] = {True: [], False: []}
+    decide_s: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(repeats):
+        for dedup in (True, False):
+            t0 = time.process_time()
+            scores, emb = score_and_embed(scorer, texts, batch_size=128, embed=dedup)
+            t1 = time.process_time()
+            decide_policy(scores, codes, rules[dedup], texts=texts, embeddings=emb)
+            t2 = time.process_time()
+            spent[dedup].append(t2 - t0)
+            decide_s[dedup].append(t2 - t1)
+    med = {d: float(np.median(v)) for d, v in spent.items()}
+    return {"rows": rows, "repeats": repeats, "cpu_s_median": {"dedup": med[True], "no_dedup": med[False]},
+            "decide_ms_per_bullet": {"dedup": 1000 * float(np.median(decide_s[True])) / rows,
+                                     "no_dedup": 1000 * float(np.median(decide_s[False])) / rows},
+            "slowdown_pct": 100 * (med[True] / med[False] - 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conversations", type=int, default=200)
@@ -70,6 +103,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scorer", default=None, help="scorer artifact (default: a vanilla MiniLM scorer built here)")
     ap.add_argument("--out", default="runs/bench-dedup")
+    ap.add_argument("--cost-rows", type=int, default=0, help="also time scoring + deciding with/without merging "
+                                                              "on this many bullets (CPU time, one thread)")
+    ap.add_argument("--cost-repeats", type=int, default=5)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import pyarrow.parquet as pq
@@ -109,6 +145,12 @@ def main() -> None:
               f"{r['recall']:>7.3f} {r['recall_verbatim']:>8.3f} {r['recall_paraphrase']:>8.3f}")
     print(f"injected {result['injected']} duplicates in {table.num_rows} bullets; default threshold "
           f"(best F1 with precision >= 0.95, recall >= 0.9): {result['chosen_threshold']}")
+    if args.cost_rows:
+        c = result["cost"] = cost(scorer, table, args.cost_rows, args.cost_repeats)
+        print(f"cost on {c['rows']} bullets ({c['repeats']} interleaved repeats, CPU time, 1 thread): score + decide "
+              f"{c['cpu_s_median']['dedup']:.2f} s with merging vs {c['cpu_s_median']['no_dedup']:.2f} s without "
+              f"({c['slowdown_pct']:+.1f}%); deciding {c['decide_ms_per_bullet']['dedup']:.4f} vs "
+              f"{c['decide_ms_per_bullet']['no_dedup']:.4f} ms/bullet")
     out.mkdir(parents=True, exist_ok=True)
     (out / "dedup_bench.json").write_text(json.dumps(result, indent=2) + "\n")
 

@@ -341,6 +341,8 @@ def main() -> None:
     parser.add_argument("--dedup", nargs="+", default=["on"], choices=["on", "off"],
                         help="a job per item, with or without near-duplicate merging (on off on off: its cost, "
                              "interleaved against drifting machine load)")
+    parser.add_argument("--jobs-only", action="store_true",
+                        help="only the jobs (no raw loops, no MemoryPruner timing): e.g. for --dedup on off")
     parser.add_argument("--out", type=Path, default=Path("/tmp/memprune-prune-bench"))
     parser.add_argument("--json", type=Path, default=None, help="report file (default OUT/prune_bench.json)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -366,12 +368,17 @@ def main() -> None:
                     job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}-dedup{dedup}"),
                                             "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
                                             "precision": precision, "dedup": dedup == "on"})
-                    raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
-                                                   "precisions": args.precisions})
-                    rows_out.append(_row(enc, precision, job, raw))
+                    if args.jobs_only:
+                        rows_out.append({"encoder": enc, "precision": precision, "store_bullets": job["store_rows"],
+                                         "job_rows": job["rows"], **job})
+                    else:
+                        raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
+                                                       "precisions": args.precisions})
+                        rows_out.append(_row(enc, precision, job, raw))
                     print(json.dumps(rows_out[-1]), file=sys.stderr)
-    inproc = {enc: run_child("inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
-                                         "n": 10, "calls": 50}) for enc, sc in scorers.items()}
+    inproc = {} if args.jobs_only else {
+        enc: run_child("inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
+                                  "n": 10, "calls": 50}) for enc, sc in scorers.items()}
     report = {"cpus": os.cpu_count(), "load_avg_1m_at_start": round(load, 2), "batch_size": args.batch_size,
               "block_rows": args.block_rows, "results": rows_out, "memory_pruner_10_bullets": inproc}
     json_path = args.json or args.out / "prune_bench.json"
@@ -382,7 +389,7 @@ def main() -> None:
               "job/limit (limit: raw loop at that precision; GPU: raw bf16 loop)", "peak tree MiB", "pipeline s", "actor load s (sum)", "forward s (sum)", "scan s (full store)")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for r in rows_out:
+    for r in (r for r in rows_out if "raw" in r):
         n_all, w = r["raw"]["threads_all"], r["work"]
         print(f"| {r['encoder']} | {r['precision']} | {'on' if r['dedup'] else 'off'} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
               f"{r['overhead_share']} | "

@@ -68,7 +68,8 @@ def test_config_names_and_checks():
     assert _rule().name == "t0.5_k5" and _rule(policy="budget", budget_tokens=120).name == "budget120"
     assert _rule(policy="fraction", fraction=0.4).name == "fraction0.4"
     for bad in ({"policy": "budget"}, {"policy": "fraction"}, {"fraction": 1.5}, {"min_keep": -1}, {"floor": 2},
-                {"dedup_threshold": 0}, {"policy": "knapsack"}):
+                {"dedup_threshold": 0}, {"policy": "knapsack"}, {"budget_tokens": 10}, {"policy": "budget",
+                "budget_tokens": 10, "fraction": 0.5}):
         with pytest.raises(PruneError):
             PruneRule.of(**bad)
     assert [r.name for r in _rule(top_k=3).variants([1, 3, 5])] == ["t0.5_k3", "t0.5_k1", "t0.5_k5", "t0.5_kall"]
@@ -88,6 +89,7 @@ def test_duplicates_exact_and_near_transitive_within_groups():
     d = decide_policy(scores, codes, PruneRule.of(top_k=None, threshold=None, dedup_threshold=0.75), texts=texts,
                       embeddings=emb)
     assert d.reason.tolist() == ["duplicate", None, None, "duplicate", None, "duplicate", None]
+    assert find_duplicates(np.array([0.5, 0.4]), np.zeros(2, dtype=np.int64), ["?!", "..."], None, None).tolist() == [-1, -1]
     # ties in score: the earlier bullet represents the cluster
     assert find_duplicates(np.array([0.5, 0.5]), np.zeros(2, dtype=np.int64), ["a", "A"], None, None).tolist() == [-1, 0]
 

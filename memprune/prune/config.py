@@ -63,6 +63,9 @@ class PruneRule(ConfigModel):
             raise ValueError("policy 'budget' needs budget_tokens (--budget-tokens B)")
         if self.policy == "fraction" and self.fraction is None:
             raise ValueError("policy 'fraction' needs fraction (--fraction q, 0 < q <= 1)")
+        for name, policy in (("budget_tokens", "budget"), ("fraction", "fraction")):
+            if getattr(self, name) is not None and self.policy != policy:
+                raise ValueError(f"{name} is set but the policy is {self.policy!r}: it applies to policy {policy!r} only")
         return self
 
     @classmethod

@@ -108,7 +108,8 @@ def find_duplicates(
     cols: list[np.ndarray] = []
     if texts is not None:  # exact duplicates: same (group, normalised text) -> link to the first seen
         first: dict[tuple[int, str], int] = {}
-        a = np.fromiter((first.setdefault((int(c), normalize_text(t)), i) for i, (c, t) in enumerate(zip(codes, texts))),
+        # a text with nothing left after normalisation (e.g. "?!") is only equal to itself
+        a = np.fromiter((first.setdefault((int(c), normalize_text(t) or t), i) for i, (c, t) in enumerate(zip(codes, texts))),
                         dtype=np.int64, count=n)
         linked = np.flatnonzero(a != np.arange(n))
         rows.append(linked)
