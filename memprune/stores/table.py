@@ -46,6 +46,19 @@ def read_file(path: Path) -> pa.Table:
         raise StoreError(f"{path}: cannot read as {fmt}: {str(exc).splitlines()[0]}") from None
 
 
+def _columns(path: Path) -> list[str]:
+    """The column names of a file (Parquet: its footer; CSV: its header; JSONL: the keys of its records)."""
+    fmt = _format(path)
+    try:
+        if fmt == "parquet":
+            return pq.ParquetFile(path).schema_arrow.names
+        if fmt == "csv":
+            return pcsv.open_csv(path).schema.names
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise StoreError(f"{path}: cannot read as {fmt}: {str(exc).splitlines()[0]}") from None
+    return read_file(path).column_names
+
+
 def _batches(path: Path) -> Iterator[pa.RecordBatch]:
     """Stream a file's records (Parquet and CSV in batches; JSONL whole, as pyarrow reads it)."""
     fmt = _format(path)
@@ -92,8 +105,11 @@ class TableStore(Store):
                 raise StoreError(f"{p}: no Parquet, JSONL or CSV files in this directory")
         else:
             raise StoreError(f"table:{location}: no such file or directory")
-        for f in self.files:
-            _format(f)
+        for f in self.files:  # mapped columns checked up front, before any Ray task starts
+            names = _columns(f)
+            for field, col in self.fields.items():
+                if col not in names and not (field == "time" and "time" not in self.mapping["_given"]):
+                    raise StoreError(f"{f}: column {col!r} (mapped to {field}) missing; columns: {', '.join(names)}")
 
     def raw_partitions(self) -> list[Partition]:
         return [(lambda f=f: _batches(f)) for f in self.files]
