@@ -178,8 +178,9 @@ def test_apply_refuses_a_changed_store_and_changes_nothing(decisions) -> None:
     out, _ = decisions["lance"]
     path = json.loads((out / "prune.json").read_text())["store"]["location"]
     scorer = json.loads((out / "prune.json").read_text())["scorer"]["path"]
+    schema = lance.dataset(path).schema
     lance.write_dataset(pa.table({"id": ["new-1"], "text": ["Dora keeps bees."], "user_id": ["dora"],
-                                  "created_at": ["2026-01-01"]}), path, mode="append")
+                                  "created_at": ["2026-01-01"]}).cast(schema), path, mode="append")
     rows = lance.dataset(path).count_rows()
     res = _cli("prune", "--scorer", scorer, "--out", str(out), "--input", f"lance:{path}",
                "--map", "group=user_id,time=created_at", *RULE, "--apply")
