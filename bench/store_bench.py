@@ -131,13 +131,21 @@ def child_prune(a: dict[str, Any]) -> dict[str, Any]:
     mem.start()
     t0 = time.perf_counter()
     group = "conversation"  # = user: the stores group by user (their `group` field) too
-    cfg = PruneConfig(scorer=a["scorer"], input=a["input"], out=a["out"], progress=False,
+    cfg = PruneConfig(scorer=a["scorer"], input=a["input"], out=a["out"], progress=False, limit_rows=a.get("score_rows"),
                       rule={"threshold": 0.5, "top_k": 5, "group_by": group}, store={"map": parse_map(a["map"])})
     s = run(cfg)
     wall = time.perf_counter() - t0
     peak = mem.stop()
     store = s.get("store", {})
-    return {"kind": a["kind"], "n": a["n"], "wall_s": round(wall, 2), "memories_per_s": round(a["n"] / wall, 1),
+    scored = s["input"].get("rows") if a["kind"] == "bullets" else s["decision"]["decided"]
+    job_s = s["timing"].get("pipeline_s") or 0.0
+    export_s = sum((store.get("export_timing") or {}).values())
+    # The whole store read (+ scan + sort) always; scoring on the first `score_rows` (whole groups) when set:
+    # the full run's time is estimated as wall + job time x (unscored rows / scored rows).
+    est = wall + job_s * (a["n"] - scored) / scored if scored else wall
+    return {"kind": a["kind"], "n": a["n"], "scored": scored, "wall_s": round(wall, 2), "export_s": round(export_s, 2),
+            "export_memories_per_s": round(a["n"] / export_s, 1) if export_s else None,
+            "est_full_s": round(est, 1), "memories_per_s": round(a["n"] / est, 1),
             "job_bullets_per_s": s["timing"].get("bullets_per_s"), "job_pipeline_s": s["timing"].get("pipeline_s"),
             "export": store.get("export_timing"), "kept": s["result"]["bullets_total_after"],
             "peak_tree_pss_mib": round(peak / 2**20, 1)}
@@ -159,6 +167,8 @@ def main() -> None:
     p.add_argument("--encoder", default="tiny", choices=["tiny", "minilm"])
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     p.add_argument("--mem0-add-sample", type=int, default=100)
+    p.add_argument("--score-rows", type=int, default=None,
+                   help="score only the first N rows (whole groups) of every store; the read is always whole")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "store-bench")
     p.add_argument("--child", nargs=2)
     ARGS = p.parse_args()
@@ -174,7 +184,7 @@ def main() -> None:
         for kind in ARGS.kinds:
             out = ARGS.out / f"n{n}" / f"run-{kind}"
             r = run_child("prune", {"kind": kind, "n": n, "scorer": str(scorer), "input": info["inputs"][kind],
-                                    "map": MAP.get(kind, ""), "out": str(out)})
+                                    "map": MAP.get(kind, ""), "out": str(out), "score_rows": ARGS.score_rows})
             rows.append(r)
             print(json.dumps(r), flush=True)
     base = {r["n"]: r for r in rows if r["kind"] == "bullets"}
@@ -182,12 +192,15 @@ def main() -> None:
         r["ratio_vs_parquet"] = round(r["memories_per_s"] / base[r["n"]]["memories_per_s"], 3) if r["n"] in base else None
     result = {"encoder": ARGS.encoder, "rows": rows, "mem0_load": loads}
     (ARGS.out / "store_bench.json").write_text(json.dumps(result, indent=2))
-    lines = ["| store | memories | wall s | memories/s | ratio vs Parquet | job bullets/s | read / scan / sort s | peak tree PSS MiB |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| store | memories | scored | wall s | est. full s | memories/s (full) | ratio vs Parquet | job bullets/s | "
+             "read / scan / sort s | read+scan+sort memories/s | peak tree PSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e = r["export"] or {}
-        lines.append(f"| {r['kind']} | {r['n']} | {r['wall_s']} | {r['memories_per_s']} | {r['ratio_vs_parquet']} | "
+        lines.append(f"| {r['kind']} | {r['n']} | {r['scored']} | {r['wall_s']} | {r['est_full_s']} | {r['memories_per_s']} | "
+                     f"{r['ratio_vs_parquet']} | "
                      f"{r['job_bullets_per_s']} | {' / '.join(str(round(e.get(k, 0), 1)) for k in ('read_s', 'scan_s', 'sort_s')) or '-'} | "
+                     f"{r['export_memories_per_s']} | "
                      f"{r['peak_tree_pss_mib']} |")
     for n, ld in loads.items():
         lines.append(f"\nMem0 n={n}: Memory.add(infer=False) {ld['add_per_memory_s']} s/memory on {ld['add_sample']} "
