@@ -223,15 +223,30 @@ def test_normal_form_accepts_every_string_type_and_counts_rejects() -> None:
 
 def test_score_writes_scores_into_a_jsonl_table(ray_local, scorer_dir, tmp_path) -> None:
     store = tmp_path / "mem.jsonl"
-    store.write_text("".join(json.dumps({"mid": f"m{i}", "memory": t, "user": "u"}) + "\n"
-                             for i, t in enumerate(["Eve keeps bees.", "ok", "Eve speaks Welsh."])))
-    res = _cli("score", "--scorer", str(scorer_dir), "--input", f"table:{store}", "--out", str(tmp_path / "out"),
-               "--map", "id=mid,text=memory,group=user", "--set", "progress=false", "--set", "actors=1")
+    texts = ["Eve keeps bees.", "ok", "Eve speaks Welsh.", None]
+    store.write_text("".join(json.dumps({"mid": f"m{i}", "memory": t, "user": "u"}) + "\n" for i, t in enumerate(texts)))
+    args = ["--scorer", str(scorer_dir), "--map", "id=mid,text=memory,group=user", "--set", "progress=false",
+            "--set", "actors=1"]
+    res = _cli("score", "--input", f"table:{store}", "--out", str(tmp_path / "out"), *args)
     assert res.exit_code == 0, res.output
     rows = [json.loads(ln) for ln in store.read_text().splitlines()]
     scores = pq.read_table(tmp_path / "out" / "scores.parquet").to_pylist()
-    assert {r["mid"]: r["memprune_score"] for r in rows} == pytest.approx({s["id"]: s["memprune_score"] for s in scores})
-    assert all(0 <= r["memprune_score"] <= 1 and "keep" not in r for r in rows)
+    assert len(scores) == 3 and {s["id"] for s in scores} == {"m0", "m1", "m2"}
+    assert {r["mid"]: r["memprune_score"] for r in rows[:3]} == pytest.approx({s["id"]: s["memprune_score"] for s in scores})
+    assert all(0 <= r["memprune_score"] <= 1 and "keep" not in r for r in rows[:3])
+    # the row without text is a counted reject, not scored
+    assert rows[3] == {"mid": "m3", "memory": None, "user": "u", "memprune_score": None}
+    rejects = [json.loads(ln) for ln in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert rejects == [{"id": "m3", "group": "u", "reason": "text (memory) is null"}]
+    assert json.loads((tmp_path / "out" / "score.json").read_text())["store"]["rejected"] == 1
+    # two records with one id: one error line, the store unchanged
+    dup = tmp_path / "dup.csv"
+    dup.write_text("mid,memory,user\na,x,u\na,y,u\n")
+    res = _cli("score", "--input", f"table:{dup}", "--out", str(tmp_path / "out-dup"), *args)
+    # (the CLI's error is its last line; Ray Data's logger may print to the runner's closed stream before it)
+    last = res.output.strip().splitlines()[-1]
+    assert res.exit_code == 2 and last.startswith("error:") and "duplicate id 'a'" in " ".join(res.output.split())
+    assert dup.read_text() == "mid,memory,user\na,x,u\na,y,u\n"
 
 
 def test_lance_delete_and_restore_and_table_flag(decisions) -> None:
