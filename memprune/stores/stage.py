@@ -138,9 +138,17 @@ def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
         write_jsonl(outputs.path("rejects.jsonl"), exp.rejects)
         from memprune.prune.report import render_markdown
 
-        write_summary(outputs.staging, "prune", summary, render_markdown(job) + store_section(summary))
-    shutil.rmtree(out / WORK / "store", ignore_errors=True)
+        shown = {**job, "output": {**job["output"], "store": str(out / "decision.parquet")}}
+        write_summary(outputs.staging, "prune", summary, render_markdown(shown) + store_section(summary))
+    _clean(out)
     return summary
+
+
+def _clean(out: Path) -> None:
+    """Remove the run's work files (the export and the job's store) once its outputs are committed."""
+    shutil.rmtree(out / WORK / "store", ignore_errors=True)
+    if (out / WORK).is_dir() and not any((out / WORK).iterdir()):
+        (out / WORK).rmdir()
 
 
 def calibrated_scores(scorer_path: str, scores: np.ndarray) -> np.ndarray | None:
@@ -190,7 +198,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
             pq.write_table(table, outputs.path("scores.parquet"))
             write_jsonl(outputs.path("rejects.jsonl"), exp.rejects)
             write_summary(outputs.staging, "score", summary, render_score(summary))
-        shutil.rmtree(out / WORK / "store", ignore_errors=True)
+        _clean(out)
         return summary
     finally:
         store.close()
