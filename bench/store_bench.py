@@ -32,6 +32,7 @@ from prune_bench import PeakMemory, _env, make_scorers, make_store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("bullets", "table", "lance", "mem0")
+MARK = "STORE_BENCH_RESULT "  # the child's result line (Ray and the libraries print to stdout too)
 MAP = {"table": "id=memory_id,text=memory,group=user,time=created_at", "lance": "id=memory_id,text=memory,group=user,time=created_at",
        "mem0": ""}
 
@@ -157,7 +158,11 @@ def run_child(kind: str, args: dict[str, Any]) -> dict[str, Any]:
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"{kind} failed for {args}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    if not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"{kind}: no result line for {args}")
+    return json.loads(lines[-1][len(MARK):])
 
 
 def main() -> None:
@@ -173,7 +178,8 @@ def main() -> None:
     p.add_argument("--child", nargs=2)
     ARGS = p.parse_args()
     if ARGS.child:
-        print(json.dumps({"mem0_load": child_mem0_load, "prune": child_prune}[ARGS.child[0]](json.loads(ARGS.child[1]))))
+        result = {"mem0_load": child_mem0_load, "prune": child_prune}[ARGS.child[0]](json.loads(ARGS.child[1]))
+        print(MARK + json.dumps(result), flush=True)
         return
     ARGS.out.mkdir(parents=True, exist_ok=True)
     scorer = make_scorers(ARGS.out, [ARGS.encoder])[ARGS.encoder]
