@@ -105,6 +105,8 @@ def read_ids(path: str | Path) -> list[str]:
     return [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
 
 
+# Store kinds whose restorer registers itself when its module is imported (the stores package).
+PROVIDERS = {"table": "memprune.stores.table", "lance": "memprune.stores.lance_store", "mem0": "memprune.stores.mem0_store"}
 Restorer = Callable[[Archive, dict[str, Any]], dict[str, Any]]
 _RESTORERS: dict[str, Restorer] = {}
 
@@ -118,6 +120,10 @@ def restore(directory: str | Path, ids: Iterable[str] | None = None, **options: 
     """Put archived records (all, or `ids`) back into the store they came from; returns the restorer's summary."""
     archive = read_archive(directory, ids)
     kind = archive.store["kind"]
+    if kind not in _RESTORERS and kind in PROVIDERS:
+        import importlib
+
+        importlib.import_module(PROVIDERS[kind])
     if kind not in _RESTORERS:
         raise ArchiveError(f"{archive.path}: no restorer for store kind {kind!r} (known: {', '.join(sorted(_RESTORERS))})")
     return _RESTORERS[kind](archive, options)

@@ -374,10 +374,16 @@ def prune(
                                                             "dropped/ archive) [default: keep]."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
     score: Optional[str] = typer.Option(None, "--score", help="auto (calibrated where the scorer has calibration.json), raw or calibrated [default: auto]."),
+    map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
+    apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records."),
+    apply_flag: bool = typer.Option(False, "--apply-flag", help="External store: set memprune_keep/memprune_score instead."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
 ) -> None:
-    """Score a bullets store with a trained scorer on Ray Data and prune it: duplicates merged, then a policy."""
+    """Score a bullets store with a trained scorer on Ray Data and prune it: duplicates merged, then a policy.
+
+    --input also takes an external store, KIND:LOCATION: table:PATH (Parquet/JSONL/CSV), lance:PATH, mem0:CONFIG.
+    """
     from memprune.prune import PruneConfig, run
     from memprune.prune.report import emptied_warning
 
@@ -387,6 +393,7 @@ def prune(
               "rule.policy": policy, "rule.budget_tokens": budget_tokens, "rule.fraction": fraction,
               "rule.min_keep": min_keep, "rule.floor": floor, "rule.dedup_threshold": dedup_threshold,
               "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
+    values |= _store_values(map_, "flag" if apply_flag else "delete" if apply else None)
     cfg, summary = run_stage(PruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
     console.print(f"{'would keep' if cfg.dry_run else 'kept'} {r['bullets_after']:.2f} of {r['bullets_before']:.2f} "
@@ -396,6 +403,11 @@ def prune(
     warning = emptied_warning(summary)
     if warning:
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+    if "apply" in summary:
+        a = summary["apply"]
+        done = (f"deleted {a['deleted']} (archived in {a['archive']}; {a['already_deleted']} already gone)"
+                if a["mode"] == "delete" else f"flagged {a['flagged']} ({a['flagged_drop']} memprune_keep=false)")
+        console.print(f"applied to {cfg.input}: {done}", highlight=False)
 
 
 @app.command()
@@ -429,6 +441,40 @@ def load_restorers() -> None:
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
+
+
+def _store_values(map_: Optional[str], apply: Optional[str]) -> dict[str, Any]:
+    """`--map` and `--apply` as config values (a bad --map is one error line)."""
+    from memprune.stores.config import StoreError, parse_map
+
+    values: dict[str, Any] = {"store.apply": apply}
+    if map_ is not None:
+        try:
+            values["store.map"] = parse_map(map_)
+        except StoreError as exc:
+            fail(str(exc))
+    return values
+
+
+@app.command()
+def score(
+    scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory."),
+    input: Optional[str] = typer.Option(None, "--input", "-i", help="KIND:LOCATION (table:, lance:, mem0:) or a bullets Parquet path."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: scores.parquet, score.json, score.md."),
+    map_: Optional[str] = typer.Option(None, "--map", help="Store columns: id=COL,text=COL,group=COL,time=COL."),
+    write: Optional[bool] = typer.Option(None, "--write/--no-write", help="Write memprune_score into the store [default: write]."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Add the scorer's score (and calibrated score, where the scorer has one) to a store, deciding nothing."""
+    from memprune.stores.config import ScoreConfig
+    from memprune.stores.stage import run_score
+
+    values = {"scorer": scorer, "input": input, "out": out, "write": write} | _store_values(map_, None)
+    values.pop("store.apply")
+    cfg, summary = run_stage(ScoreConfig, run_score, config, set_, values)
+    console.print(f"scored {summary['scored']} records of {cfg.input}; wrote {summary['written_to_store']} to the store "
+                  f"-> {cfg.out}", highlight=False)
 
 
 @app.command("dialogue-eval")

@@ -15,6 +15,7 @@ from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
 from memprune.precision import Precision
 from memprune.prune.rule import setting_name
+from memprune.stores.config import StoreOptions
 
 GroupBy = Literal["session", "conversation", "speaker"]
 Policy = Literal["rule", "budget", "fraction"]
@@ -154,5 +155,8 @@ class PruneConfig(PruneSettings):
     """Config of the prune stage (`jobs/prune.py`, `memprune prune`): the settings plus the paths."""
 
     scorer: str = Field(description="scorer artifact directory (scorer.json + head.safetensors)")
-    input: str = Field(description="bullets store: a Parquet file, or a directory of them (a corpus dir: its bullets.parquet)")
+    input: str = Field(description="bullets store: a Parquet file, or a directory of them (a corpus dir: its bullets.parquet); "
+                       "or an external store KIND:LOCATION (table:PATH, lance:PATH, mem0:CONFIG; see memprune.stores)")
     out: str = Field(description="output directory: pruned/ (the store), prune.json, prune.md")
+    store: StoreOptions = Field(default_factory=StoreOptions,
+                                description="external stores only: column map, --apply mode (memprune.stores)")

@@ -94,6 +94,14 @@ def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
 
 def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
+    from memprune.stores.config import split_input
+
+    if split_input(config.input) is not None:  # an external store (KIND:LOCATION): decision + optional apply
+        from memprune.stores.stage import run_prune
+
+        return run_prune(config)
+    if config.store.apply != "none" or config.store.map:
+        raise PruneError(f"{config.input}: --apply and --map are for external stores (table:, lance:, mem0: inputs)")
     started = time.perf_counter()
     out = check_out(config.out, "prune")
     check_unit(config.tokenizer)

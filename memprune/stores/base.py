@@ -1,0 +1,175 @@
+"""The store interface: records as Arrow batches with id, text, group (and time), partitioned; writes back.
+
+Every store kind reads its raw records in partitions (`raw_partitions`: callables, each streaming
+Arrow batches, picklable so a Ray Data read task can run one); `normalize` turns a raw batch into
+the normal form every step uses (`NORMAL`): `id`, `text`, `group`, `time` (strings), `hash` (of the
+text: what the apply fingerprint compares) and `reject` (why a row cannot be used, else null).
+Writes go through `fetch` (whole records for the archive), `delete`, `set_fields` and `insert`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memprune.stores.config import FIELDS, StoreError
+
+NORMAL = pa.schema([
+    pa.field("id", pa.string()), pa.field("text", pa.string()), pa.field("group", pa.string()),
+    pa.field("time", pa.string()), pa.field("hash", pa.string()), pa.field("reject", pa.string()),
+])
+STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+Partition = Callable[[], Iterator[pa.RecordBatch]]
+
+
+def text_hash(text: str) -> str:
+    """16 hex digits of the SHA-256 of a record's text (the per-record part of the store fingerprint)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _as_string(col: pa.ChunkedArray | pa.Array, name: str, field: str, where: str, text_only: bool) -> pa.Array:
+    """A column as `string`: string/large_string/string_view as they are; ids and times may also be numbers/dates."""
+    t = col.type
+    if any(f(t) for f in STRINGS):
+        return pc.cast(col, pa.string())
+    if pa.types.is_null(t):
+        return pa.nulls(len(col), pa.string())
+    if not text_only and (pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_floating(t)):
+        return pc.cast(col, pa.string())
+    raise StoreError(f"{where}: column {name!r} (mapped to {field}) has type {t}; expected a string column")
+
+
+def normalize(batch: pa.RecordBatch | pa.Table, mapping: dict[str, str], where: str) -> pa.Table:
+    """A raw batch in the normal form (`NORMAL`); a missing mapped column is an error naming it and `where`.
+
+    Rows with a null or empty id or a null text get a `reject` reason (they are never decided nor
+    touched); a null group becomes the empty group, a null time the empty time.
+    """
+    names = batch.schema.names
+    cols: dict[str, pa.Array] = {}
+    for field in FIELDS:
+        name = mapping.get(field)
+        if name is None:
+            continue
+        if name not in names:
+            if field == "time" and "time" not in mapping.get("_given", ""):
+                continue  # the default time column is optional
+            raise StoreError(f"{where}: column {name!r} (mapped to {field}) missing; columns: {', '.join(names)}")
+        col = batch.column(names.index(name))
+        cols[field] = _as_string(col, name, field, where, text_only=field == "text")
+    n = batch.num_rows
+    ids = cols["id"]
+    text = cols["text"]
+    reject = np.full(n, None, dtype=object)
+    bad_id = np.asarray(pc.fill_null(pc.equal(ids, ""), True), dtype=bool) if n else np.zeros(0, bool)
+    bad_text = np.asarray(text.is_null(), dtype=bool) if n else np.zeros(0, bool)
+    reject[bad_text] = f"text ({mapping['text']}) is null"
+    reject[bad_id] = f"id ({mapping['id']}) is null or empty"
+    texts = text.to_pylist()
+    hashes = [None if t is None else text_hash(t) for t in texts]
+    group = pc.fill_null(cols["group"], "") if "group" in cols else pa.array([""] * n, pa.string())
+    time = pc.fill_null(cols["time"], "") if "time" in cols else pa.array([""] * n, pa.string())
+    return pa.table([ids, text, group, time, pa.array(hashes, pa.string()), pa.array(reject, pa.string())],
+                    schema=NORMAL)
+
+
+class Store(ABC):
+    """One external memory store: read in partitions, and the four writes an apply and a restore need."""
+
+    kind: ClassVar[str]
+    defaults: ClassVar[dict[str, str]] = {"id": "id", "text": "text", "group": "group", "time": "time"}
+    parallel: ClassVar[bool] = True  # partitions may be read by separate Ray tasks
+
+    def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
+        self.location = location
+        given = dict(mapping or {})
+        self.mapping = {**self.defaults, **given, "_given": ",".join(sorted(given))}
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The column mapping in force (field -> store column)."""
+        return {k: v for k, v in self.mapping.items() if not k.startswith("_")}
+
+    def describe(self) -> dict[str, Any]:
+        """What the archive manifest and the decision record about this store (`kind` picks the restorer)."""
+        return {"kind": self.kind, "location": self.location, "map": self.fields}
+
+    @abstractmethod
+    def raw_partitions(self) -> list[Partition]:
+        """Callables that each stream one partition's raw records as Arrow batches."""
+
+    def partitions(self) -> list[Partition]:
+        """Callables that each stream one partition in the normal form."""
+        mapping, where = self.mapping, self.where
+
+        def wrap(part: Partition) -> Partition:
+            def read() -> Iterator[pa.RecordBatch]:
+                for batch in part():
+                    yield from normalize(batch, mapping, where).to_batches()
+            return read
+        return [wrap(p) for p in self.raw_partitions()]
+
+    def read(self) -> Iterator[pa.RecordBatch]:
+        """Every record in the normal form, partition after partition (streaming)."""
+        for part in self.partitions():
+            yield from part()
+
+    @property
+    def where(self) -> str:
+        """How errors name this store."""
+        return f"{self.kind}:{self.location}"
+
+    @abstractmethod
+    def fetch(self, ids: Sequence[str]) -> pa.Table:
+        """The whole records with `ids` (every column, metadata, vectors where the store has them)."""
+
+    @abstractmethod
+    def delete(self, ids: Sequence[str]) -> int:
+        """Delete the records with `ids`; returns how many were deleted."""
+
+    @abstractmethod
+    def set_fields(self, values: pa.Table) -> int:
+        """Set columns/metadata (`values`: `id` + memprune_* columns) on the records with those ids."""
+
+    @abstractmethod
+    def insert(self, records: pa.Table) -> int:
+        """Put archived records (as `fetch` returned them) back; returns how many."""
+
+    def close(self) -> None:
+        """Release the store (locks, clients)."""
+
+
+_KINDS: dict[str, type[Store]] = {}
+
+
+def register(cls: type[Store]) -> type[Store]:
+    """Class decorator: make a store kind openable by `open_store`."""
+    _KINDS[cls.kind] = cls
+    return cls
+
+
+def open_store(kind: str, location: str, mapping: dict[str, str] | None = None) -> Store:
+    """Open a store of `kind` at `location` with the column mapping."""
+    from memprune.stores import lance_store, mem0_store, table  # noqa: F401  (register the kinds)
+
+    if kind not in _KINDS:
+        raise StoreError(f"unknown store kind {kind!r} (known: {', '.join(sorted(_KINDS))})")
+    return _KINDS[kind](location, mapping)
+
+
+def sql_in(column: str, ids: Sequence[str], numeric: bool) -> str:
+    """A SQL `column IN (...)` predicate (strings quoted, quotes doubled)."""
+    vals = ", ".join(str(int(i)) if numeric else "'" + str(i).replace("'", "''") + "'" for i in ids)
+    return f"{column} IN ({vals})"
+
+
+def chunks(items: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
+    """`items` in slices of at most `n`."""
+    for i in range(0, len(items), n):
+        yield items[i:i + n]

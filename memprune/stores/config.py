@@ -1,0 +1,94 @@
+"""The stores' configs: where a store is (`KIND:LOCATION`), how its columns map, how a decision is applied.
+
+`memprune prune --input mem0:CONFIG|lance:PATH|table:PATH --map id=...,text=...,group=...` carries a
+`StoreOptions` inside `PruneConfig.store`; `memprune score` has its own `ScoreConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from memprune.config import ConfigModel
+from memprune.errors import MemPruneError
+from memprune.precision import Precision
+
+KINDS = ("table", "lance", "mem0")
+FIELDS = ("id", "text", "group", "time")
+ApplyMode = Literal["none", "delete", "flag"]
+
+
+class StoreError(MemPruneError):
+    """A store that cannot be opened, read, changed or restored; the message names the store and field."""
+
+
+def split_input(text: str) -> tuple[str, str] | None:
+    """(kind, location) of a `KIND:LOCATION` store input; None for a bare path (memprune's own bullets table).
+
+    An existing path is always a bare path; `foo:bar` with an unknown kind `foo` is an error.
+    """
+    if Path(text).exists() or ":" not in text:
+        return None
+    kind, _, location = text.partition(":")
+    if len(kind) == 1:  # a drive letter, not a store kind
+        return None
+    if kind not in KINDS:
+        raise StoreError(f"--input {text}: unknown store kind {kind!r} (known: {', '.join(KINDS)}; "
+                         "or give a bullets Parquet path)")
+    if not location:
+        raise StoreError(f"--input {text}: the {kind} store needs a location after '{kind}:'")
+    return kind, location
+
+
+def parse_map(text: str | None) -> dict[str, str]:
+    """`id=memory_id,text=memory,group=user_id,time=created_at` as a dict; unknown fields are errors."""
+    out: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not value:
+            raise StoreError(f"--map {text}: item {item.strip()!r} is not FIELD=COLUMN")
+        if key not in FIELDS:
+            raise StoreError(f"--map {text}: unknown field {key!r} (fields: {', '.join(FIELDS)})")
+        out[key] = value
+    return out
+
+
+class StoreOptions(ConfigModel):
+    """How memprune reads an external store and what `--apply` does with the decision."""
+
+    map: dict[str, str] = Field(default_factory=dict,
+                                description="field -> store column (id, text, group, time); unset fields take the kind's default")
+    apply: ApplyMode = Field("none", description="none: only write the decision; delete: archive then delete dropped "
+                             "records; flag: set memprune_keep / memprune_score where the store has metadata")
+    batch: int = Field(256, ge=1, description="records per store call when applying (delete, flag, restore)")
+
+    @field_validator("map")
+    @classmethod
+    def _fields(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if k not in FIELDS]
+        if bad:
+            raise ValueError(f"unknown map field {bad[0]!r} (fields: {', '.join(FIELDS)})")
+        return v
+
+
+class ScoreConfig(ConfigModel):
+    """`memprune score`: add the scorer's score (and calibrated score) to a store, deciding nothing."""
+
+    scorer: str = Field(description="scorer artifact directory")
+    input: str = Field(description="KIND:LOCATION store (table, lance, mem0), or a bullets Parquet path")
+    out: str = Field(description="output directory: scores.parquet, score.json, score.md")
+    store: StoreOptions = Field(default_factory=StoreOptions)
+    write: bool = Field(True, description="write memprune_score (and memprune_score_calibrated) into the store")
+    batch_size: int = Field(128, ge=1)
+    block_rows: int = Field(2048, ge=1)
+    actors: int | None = Field(None, ge=1)
+    actor_cpus: float = Field(1.0, gt=0)
+    use_gpu: bool | Literal["auto"] = "auto"
+    precision: Precision = "auto"
+    ray_address: str | None = None
+    progress: bool = True

@@ -1,0 +1,194 @@
+"""Read a store into memprune's bullets layout, partitioned on Ray Data, and fingerprint it.
+
+1. normal form: each partition of the store (a Ray Data read task per partition, `StoreDatasource`;
+   stores that allow one reader only, like a local Qdrant, stream on the driver) -> Parquet;
+2. one streaming pass on the driver: rejects (counted, with their reasons), duplicate ids, the
+   fingerprint (count + order-free sum of per-record hashes of id and text);
+3. Ray Data: usable rows -> bullets columns (`bullet_id`=id, `conversation_id`=group, plus
+   `memprune_time`, `memprune_hash`) -> sort by (group, time, id) -> Parquet for `memprune prune`
+   (up to `sort_in_memory` rows one pyarrow sort on the driver, beyond that the Ray Data sort).
+
+The sort makes groups contiguous (the prune job then streams) and makes the tie order (earlier
+input position) the same whatever store the records came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from memprune.schema import BULLETS
+from memprune.stores.base import NORMAL, Store
+from memprune.stores.config import StoreError
+
+TIME, HASH = "memprune_time", "memprune_hash"
+SORT_KEYS = ["conversation_id", TIME, "bullet_id"]
+STAGED = pa.schema([*BULLETS, pa.field(TIME, pa.string()), pa.field(HASH, pa.string())])
+
+
+def record_key(ids: list[str], hashes: list[str | None]) -> int:
+    """Order-free sum (mod 2**64) of 64-bit digests of (id, text hash): the content part of a fingerprint."""
+    total = 0
+    for i, h in zip(ids, hashes):
+        total += int.from_bytes(hashlib.blake2b(f"{i}\0{h or ''}".encode(), digest_size=8).digest(), "little")
+    return total % 2**64
+
+
+def fingerprint(count: int, key: int) -> str:
+    """The store fingerprint: record count and the order-free content sum."""
+    return f"{count}-{key:016x}"
+
+
+def store_datasource(store: Store) -> Any:
+    """A Ray Data `Datasource` with one read task per store partition, in the normal form."""
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    parts = store.partitions()
+
+    def make(part: Callable[[], Iterator[pa.RecordBatch]]) -> Callable[[], Iterator[pa.Table]]:
+        def read() -> Iterator[pa.Table]:
+            for batch in part():
+                yield pa.Table.from_batches([batch], schema=NORMAL)
+        return read
+
+    class StoreSource(Datasource):
+        """The partitions of one memprune store, normalized (id, text, group, time, hash, reject)."""
+
+        def get_name(self) -> str:
+            return f"ReadStore[{store.kind}]"
+
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None) -> list[Any]:
+            meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=None)
+            return [ReadTask(make(p), meta, schema=NORMAL) for p in parts]
+
+    return StoreSource()
+
+
+@dataclass
+class Export:
+    """A store read into the bullets layout: where, how many rows, rejects, fingerprint, timings."""
+
+    bullets: Path
+    records: int
+    usable: int
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    rejected_without_id: int = 0
+    fingerprint: str = ""
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+def _to_bullets(batch: pa.Table) -> pa.Table:
+    """Usable normal-form rows as bullets columns (one session per group; no speaker, no evidence)."""
+    batch = batch.filter(pc.is_null(batch.column("reject")))
+    n = batch.num_rows
+    return pa.table([batch.column("id"), batch.column("group"), pa.array(np.zeros(n, np.int32)),
+                     pa.array([""] * n, pa.string()), batch.column("text"),
+                     pa.array([[] for _ in range(n)], pa.list_(pa.string())), batch.column("time"),
+                     batch.column("hash")], schema=STAGED)
+
+
+def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int = 200_000) -> Export:
+    """Read `store` into `work/bullets/` (sorted bullets layout) with rejects and fingerprint; see the module doc."""
+    import ray
+
+    if work.exists():
+        shutil.rmtree(work)
+    normal, bullets = work / "normal", work / "bullets"
+    normal.mkdir(parents=True)
+    timing: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if store.parallel:
+        ray.data.read_datasource(store_datasource(store), num_cpus=io_cpus).write_parquet(
+            str(normal), ray_remote_args={"num_cpus": io_cpus})
+    else:
+        with pq.ParquetWriter(normal / "part-00000.parquet", NORMAL) as writer:
+            for batch in store.read():
+                writer.write_batch(batch)
+    timing["read_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    files = sorted(normal.glob("*.parquet"))
+    count, usable, key, without_id = 0, 0, 0, 0
+    rejects: list[dict[str, Any]] = []
+    id_hashes: list[np.ndarray] = []
+    for f in files:
+        for batch in pq.ParquetFile(f).iter_batches(columns=["id", "hash", "reject", "group"], batch_size=65_536):
+            ids, hashes, reject = batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()
+            keep = [i is not None and i != "" for i in ids]
+            without_id += len(ids) - sum(keep)
+            kept_ids = [i for i, k in zip(ids, keep) if k]
+            key = (key + record_key(kept_ids, [h for h, k in zip(hashes, keep) if k])) % 2**64
+            count += len(kept_ids)
+            id_hashes.append(pd.util.hash_array(np.asarray(kept_ids, dtype=object)))
+            for i, r, g in zip(ids, reject, batch.column(3).to_pylist()):
+                if r is not None:
+                    rejects.append({"id": i, "group": g, "reason": r})
+                else:
+                    usable += 1
+    hashes_all = np.concatenate(id_hashes) if id_hashes else np.zeros(0, np.uint64)
+    uniq, counts = np.unique(hashes_all, return_counts=True)
+    if (counts > 1).any():
+        dup = set(uniq[counts > 1][:1].tolist())
+        for f in files:
+            ids = pq.read_table(f, columns=["id"]).column(0).to_pylist()
+            for i in ids:
+                if i and int(pd.util.hash_array(np.asarray([i], dtype=object))[0]) in dup:
+                    raise StoreError(f"{store.where}: duplicate id {i!r} (column {store.fields['id']!r}); "
+                                     "every record needs its own id to get one decision")
+    timing["scan_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    bullets.mkdir()
+    if usable and usable <= sort_in_memory:  # small enough: one driver-side sort beats a distributed one
+        table = _to_bullets(pa.concat_tables([pq.read_table(f, schema=NORMAL) for f in files]))
+        pq.write_table(table.sort_by([(k, "ascending") for k in SORT_KEYS]), bullets / "part-00000.parquet")
+    elif usable:
+        ds = ray.data.read_parquet(str(normal), ray_remote_args={"num_cpus": io_cpus})
+        ds = ds.map_batches(_to_bullets, batch_format="pyarrow", batch_size=None, num_cpus=io_cpus)
+        ds.sort(SORT_KEYS).write_parquet(str(bullets), ray_remote_args={"num_cpus": io_cpus})
+        _rename_in_order(bullets)
+    else:
+        pq.write_table(STAGED.empty_table(), bullets / "part-00000.parquet")
+    timing["sort_s"] = time.perf_counter() - t2
+    return Export(bullets, count + without_id, usable, rejects, without_id, fingerprint(count, key), timing)
+
+
+def _rename_in_order(directory: Path) -> None:
+    """Ray writes sorted blocks under names that do not sort in block order; order files by their first key."""
+    files = [p for p in directory.glob("*.parquet")]
+    firsts = []
+    for p in files:
+        t = pq.read_table(p, columns=SORT_KEYS)
+        if t.num_rows == 0:
+            p.unlink()
+            continue
+        firsts.append((tuple(t.column(k)[0].as_py() for k in SORT_KEYS), p))
+    for i, (_, p) in enumerate(sorted(firsts)):
+        p.rename(directory / f"part-{i:05d}.parquet")
+
+
+def scan_current(store: Store) -> pa.Table:
+    """(id, hash) of every record the store holds now (streamed on the driver), for the apply check."""
+    ids: list[pa.Array] = []
+    hashes: list[pa.Array] = []
+    for batch in store.read():
+        ok = pc.and_(pc.is_valid(batch.column(0)), pc.not_equal(pc.fill_null(batch.column(0), ""), ""))
+        b = batch.filter(ok)
+        ids.append(b.column(0))
+        hashes.append(b.column(4))
+    if not ids:
+        return pa.table({"id": pa.array([], pa.string()), "hash": pa.array([], pa.string())})
+    return pa.table({"id": pa.concat_arrays(ids), "hash": pa.concat_arrays(hashes)})

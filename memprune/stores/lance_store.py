@@ -1,0 +1,112 @@
+"""The `lance` store: a Lance dataset, e.g. a LanceDB table directory (`DB/NAME.lance`).
+
+Each fragment is a partition (read by its own Ray Data task). Deletes and field updates are
+Lance transactions (each one atomic, a new dataset version); restore appends the archived rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from memprune.archive import DECISION_COLUMNS, Archive, register_restorer
+from memprune.stores.base import Partition, Store, chunks, register, sql_in
+from memprune.stores.config import StoreError
+
+IN_CHUNK = 1000
+
+
+def _open(location: str) -> Any:
+    try:
+        import lance
+    except ImportError as exc:  # pragma: no cover - the stores extra installs it
+        raise StoreError(f"lance:{location}: the lance store needs `pip install memprune[stores]` ({exc})") from None
+    try:
+        return lance.dataset(location)
+    except Exception as exc:  # lance raises ValueError/OSError/its own errors for a missing or broken dataset
+        raise StoreError(f"lance:{location}: cannot open as a Lance dataset: {str(exc).splitlines()[0]}") from None
+
+
+def _read_fragment(location: str, fragment_id: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    ds = _open(location)
+    yield from ds.get_fragment(fragment_id).to_batches(columns=columns, batch_size=65_536)
+
+
+@register
+class LanceStore(Store):
+    """A Lance dataset with `--map id=...,text=...,group=...,time=...`."""
+
+    kind = "lance"
+
+    def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
+        super().__init__(location, mapping)
+        self.ds = _open(location)
+        names = self.ds.schema.names
+        for field, col in self.fields.items():
+            if col not in names and not (field == "time" and "time" not in self.mapping["_given"]):
+                raise StoreError(f"lance:{location}: column {col!r} (mapped to {field}) missing; columns: {', '.join(names)}")
+        self.columns = [c for c in dict.fromkeys(self.fields.values()) if c in names]
+
+    def _numeric_id(self) -> bool:
+        return pa.types.is_integer(self.ds.schema.field(self.fields["id"]).type)
+
+    def raw_partitions(self) -> list[Partition]:
+        loc, cols = self.location, self.columns
+        return [(lambda i=f.fragment_id: _read_fragment(loc, i, cols)) for f in self.ds.get_fragments()]
+
+    def fetch(self, ids: Sequence[str]) -> pa.Table:
+        self.ds = _open(self.location)
+        parts = [self.ds.to_table(filter=sql_in(self.fields["id"], part, self._numeric_id()))
+                 for part in chunks(list(ids), IN_CHUNK)]
+        return pa.concat_tables(parts) if parts else self.ds.schema.empty_table()
+
+    def delete(self, ids: Sequence[str]) -> int:
+        n = 0
+        for part in chunks(list(ids), IN_CHUNK):
+            self.ds = _open(self.location)
+            res = self.ds.delete(sql_in(self.fields["id"], part, self._numeric_id()))
+            n += int(getattr(res, "num_deleted_rows", len(part)) or 0)
+        return n
+
+    def set_fields(self, values: pa.Table) -> int:
+        self.ds = _open(self.location)
+        idcol = self.fields["id"]
+        new = [values.schema.field(c) for c in values.column_names if c != "id" and c not in self.ds.schema.names]
+        if new:
+            self.ds.add_columns(new)  # all-null columns, metadata only
+            self.ds = _open(self.location)
+        idtype = self.ds.schema.field(idcol).type
+        source = values.rename_columns([idcol if c == "id" else c for c in values.column_names])
+        source = source.set_column(0, idcol, pc.cast(source.column(idcol), idtype))
+        for c in source.column_names[1:]:
+            want = self.ds.schema.field(c).type
+            source = source.set_column(source.column_names.index(c), c, pc.cast(source.column(c), want))
+        self.ds.merge_insert(idcol).when_matched_update_all().execute(source)
+        self.ds = _open(self.location)
+        return values.num_rows
+
+    def insert(self, records: pa.Table) -> int:
+        import lance
+
+        self.ds = _open(self.location)
+        rows = records.drop_columns([c for c in DECISION_COLUMNS if c in records.column_names])
+        schema = self.ds.schema
+        for f in schema:
+            if f.name not in rows.column_names:
+                rows = rows.append_column(f.name, pa.nulls(rows.num_rows, f.type))
+        lance.write_dataset(rows.select(schema.names).cast(schema), self.location, mode="append")
+        self.ds = _open(self.location)
+        return rows.num_rows
+
+
+def restore_lance(archive: Archive, options: dict) -> dict:  # type: ignore[type-arg]
+    """The `lance` restorer: append archived rows to the dataset again (ids already there are skipped)."""
+    from memprune.stores.restore import restore_into
+
+    return restore_into(archive, options)
+
+
+register_restorer("lance", restore_lance)

@@ -1,0 +1,207 @@
+"""`memprune prune --input KIND:LOCATION` and `memprune score`: the prune job on an external store.
+
+`run_prune(cfg)` reads the store (`export`), runs memprune's own prune job (`memprune.prune`) on
+it with the groups the store defines, writes the decision (`OUT/decision.parquet`: id, group,
+time, text, hash, score, keep, reason), `OUT/prune.json` + `prune.md` and `OUT/rejects.jsonl`, and
+with `store.apply` changes the store (`memprune.stores.apply`). An `--apply` on an OUT that already
+holds a decision for the same store, scorer and rule applies that decision (after the changed-store
+check) instead of deciding again: dry run first, look, then apply.
+`run_score(cfg)` adds scores to a store without deciding anything.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from memprune.io import OutputSet, check_committed, check_out, write_jsonl, write_summary
+from memprune.stores.apply import apply_decision
+from memprune.stores.base import Store, chunks, open_store
+from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, split_input
+from memprune.stores.export import HASH, TIME, Export, export
+from memprune.stores.report import render_score, store_section
+
+WORK = ".work"
+BULLET_MAP = {"id": "bullet_id", "text": "text", "group": "conversation_id"}
+
+
+def _open(input: str, options: StoreOptions) -> Store:
+    split = split_input(input)
+    if split is None:  # memprune's own bullets table, read as a table store
+        return open_store("table", input, {**BULLET_MAP, **options.map})
+    return open_store(split[0], split[1], options.map)
+
+
+def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | None:
+    """Why the decision in OUT is not the one `config` would make (None when it is)."""
+    old = summary.get("store", {})
+    if {k: old.get(k) for k in ("kind", "location", "map")} != store.describe():
+        return f"it was made for store {old.get('kind')}:{old.get('location')} with map {old.get('map')}"
+    if summary.get("scorer", {}).get("path") != str(Path(config.scorer).resolve()):
+        return f"it was made with scorer {summary.get('scorer', {}).get('path')}"
+    rule, want = summary.get("rule", {}), config.rule.model_dump(mode="json") | {"group_by": "conversation"}
+    changed = sorted(k for k in want if rule.get(k) != want[k])
+    if changed:
+        return "it was made with another rule (" + ", ".join(f"{k} {rule.get(k)}" for k in changed) + ")"
+    if summary.get("score", {}).get("requested") != config.score:
+        return f"it was made with score {summary.get('score', {}).get('requested')}"
+    return None
+
+
+def run_prune(config: Any) -> dict[str, Any]:
+    """Decide on the store of `config.input` (a `PruneConfig`), write the decision, apply it if asked."""
+    out = check_out(config.out, "prune")
+    store = _open(config.input, config.store)
+    try:
+        decision = out / "decision.parquet"
+        if config.store.apply != "none" and decision.is_file():
+            check_committed(decision)
+            summary = json.loads((out / "prune.json").read_text(encoding="utf-8"))
+            why = _same_decision(summary, config, store)
+            if why is not None:
+                raise StoreError(f"{out}: holds another decision ({why}); use a new --out; nothing was changed")
+            summary["apply"] = apply_decision(store, out, summary, config.store)
+            return summary
+        summary = _decide(store, config, out)
+        if config.store.apply != "none":
+            summary["apply"] = apply_decision(store, out, summary, config.store)
+        return summary
+    finally:
+        store.close()
+
+
+def _job(store: Store, config: Any, out: Path, rule: dict[str, Any],
+         score: str | None = None) -> tuple[Export, dict[str, Any], pa.Table]:
+    """Export the store and run the prune job on it (scores `score`: raw, calibrated or auto, default the config's);
+    (export, the job's summary, its output table)."""
+    from memprune.prune.config import PruneConfig
+    from memprune.prune.stage import check_scorer
+    from memprune.prune.stage import run as run_job
+    from memprune.prune.store import read_pruned
+    from memprune.runtime import ensure_ray
+
+    check_scorer(config.scorer)
+    ensure_ray(config.ray_address)
+    work = out / WORK / "store"
+    exp = export(store, work / "export", getattr(config, "io_cpus", 0.1))
+    fields = {k: v for k, v in config.model_dump().items() if k in PruneConfig.model_fields and k != "store"}
+    fields |= {"input": str(exp.bullets), "out": str(work / "prune"), "rule": rule}
+    if score is not None:
+        fields["score"] = score
+    job = run_job(PruneConfig.model_validate(fields))
+    return exp, job, read_pruned(work / "prune")
+
+
+def _reasons(pruned: pa.Table, threshold: float | None) -> pa.Array:
+    """The prune job's `reason` column where it has one, else kept / below_threshold / top_k."""
+    if "reason" in pruned.column_names:
+        return pruned.column("reason").cast(pa.string())
+    keep = pruned.column("keep").to_numpy(zero_copy_only=False)
+    score = pruned.column("score").to_numpy()
+    below = score < threshold if threshold is not None else np.zeros(len(score), bool)
+    return pa.array(np.where(keep, "kept", np.where(below, "below_threshold", "top_k")).tolist(), pa.string())
+
+
+def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    rule = config.rule.model_dump() | {"group_by": "conversation"}
+    exp, job, pruned = _job(store, config, out, rule)
+    cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
+            "text": pruned.column("text"), "hash": pruned.column(HASH), "score": pruned.column("score"),
+            "keep": pruned.column("keep"), "reason": _reasons(pruned, config.rule.threshold)}
+    if "duplicate_of" in pruned.column_names:
+        cols["duplicate_of"] = pruned.column("duplicate_of").cast(pa.string())
+    decision = pa.table(cols)
+    rejected = [r for r in exp.rejects if r["id"]]
+    if rejected:  # never decided, never touched: kept, with the reason
+        n = len(rejected)
+        extra = {"id": [r["id"] for r in rejected], "group": [r["group"] for r in rejected], "time": [None] * n,
+                 "text": [None] * n, "hash": [None] * n, "score": pa.nulls(n, pa.float64()), "keep": [True] * n,
+                 "reason": [f"rejected: {r['reason']}" for r in rejected]}
+        if "duplicate_of" in cols:
+            extra["duplicate_of"] = [None] * n
+        decision = pa.concat_tables([decision, pa.table(extra, schema=decision.schema)])
+    kept = int(pc.sum(pruned.column("keep")).as_py() or 0)
+    summary = dict(job)
+    summary["input"] = {"path": config.input, "rows": exp.records}
+    summary["output"] = {"decision": str(out / "decision.parquet"), "rows": decision.num_rows,
+                         "columns": decision.column_names}
+    summary["store"] = {**store.describe(), "fingerprint": exp.fingerprint, "records": exp.records,
+                        "usable": exp.usable, "rejected": len(exp.rejects), "rejected_without_id": exp.rejected_without_id,
+                        "export_timing": {k: round(v, 3) for k, v in exp.timing.items()}}
+    summary["decision"] = {"decided": pruned.num_rows, "kept": kept, "dropped": pruned.num_rows - kept,
+                           "untouched_rejects": len(rejected), "seconds": round(time.perf_counter() - started, 3)}
+    summary["config"] = config.model_dump(mode="json")
+    with OutputSet(out, "prune") as outputs:
+        pq.write_table(decision, outputs.path("decision.parquet"))
+        write_jsonl(outputs.path("rejects.jsonl"), exp.rejects)
+        from memprune.prune.report import render_markdown
+
+        shown = {**job, "output": {**job["output"], "store": str(out / "decision.parquet")}}
+        write_summary(outputs.staging, "prune", summary, render_markdown(shown) + store_section(summary))
+    _clean(out)
+    return summary
+
+
+def _clean(out: Path) -> None:
+    """Remove the run's work files (the export and the job's store) once its outputs are committed."""
+    shutil.rmtree(out / WORK / "store", ignore_errors=True)
+    if (out / WORK).is_dir() and not any((out / WORK).iterdir()):
+        (out / WORK).rmdir()
+
+
+def calibrated_scores(scorer_path: str, scores: np.ndarray) -> np.ndarray | None:
+    """The calibrated column: scorer's calibrated scores when its artifact has a calibration, else None.
+
+    Only the artifact's calibration.json is read (no encoder is loaded).
+    """
+    from memprune.scorer import load_calibration
+
+    calibration = load_calibration(scorer_path)
+    return None if calibration is None else np.asarray(calibration.apply(scores), dtype=np.float64)
+
+
+def run_score(config: ScoreConfig) -> dict[str, Any]:
+    """Score every record of a store (no decision) and write the scores into the store and OUT/scores.parquet."""
+    started = time.perf_counter()
+    out = check_out(config.out, "score")
+    store = _open(config.input, config.store)
+    try:
+        rule = {"threshold": None, "top_k": None, "group_by": "conversation", "dedup": False}
+        exp, job, pruned = _job(store, config, out, rule, score="raw")
+        scores = pruned.column("score").to_numpy()
+        calibrated = calibrated_scores(config.scorer, scores)
+        table = pa.table({"id": pruned.column("bullet_id"), "memprune_score": pruned.column("score")})
+        if calibrated is not None:
+            table = table.append_column("memprune_score_calibrated", pa.array(calibrated, pa.float64()))
+        written = 0
+        t0 = time.perf_counter()
+        if config.write:
+            for start in chunks(range(table.num_rows), config.store.batch):
+                written += store.set_fields(table.slice(start[0], len(start)))
+        summary = {
+            "format": 1, "input": config.input, "store": {**store.describe(), "fingerprint": exp.fingerprint,
+                                                           "records": exp.records, "rejected": len(exp.rejects)},
+            "scorer": job["scorer"], "scored": table.num_rows, "calibrated": calibrated is not None,
+            "written_to_store": written, "columns": table.column_names,
+            "scores": job["scores"], "timing": {"export": exp.timing, "job": job["timing"],
+                                               "write_s": round(time.perf_counter() - t0, 3),
+                                               "total_s": round(time.perf_counter() - started, 3)},
+            "config": config.model_dump(mode="json"),
+        }
+        with OutputSet(out, "score") as outputs:
+            pq.write_table(table, outputs.path("scores.parquet"))
+            write_jsonl(outputs.path("rejects.jsonl"), exp.rejects)
+            write_summary(outputs.staging, "score", summary, render_score(summary))
+        _clean(out)
+        return summary
+    finally:
+        store.close()
