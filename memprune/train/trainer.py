@@ -151,6 +151,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
         loss=cfg.loss, init_dirs=init_dirs, embedding_dim=inputs.embedding_dim, threads=spec.threads(cfg),
         precision=cfg.precision if spec.column == "text" else "fp32",  # only the encoder's passes gain from 16 bits
         local_mode=local_mode, local_checkpoint_dir=str(cfg.out / "ray" / name / "local"), fault=cfg.fault,
+        train_head=bool(getattr(spec.optim(cfg), "train_head", True)),
     )
     # every checkpoint holds each seed's best weights: keep the latest; keep the best by val_loss only for one seed
     by_loss = {"checkpoint_score_attribute": "val_loss", "checkpoint_score_order": "min"} if len(seeds) == 1 else {}
@@ -164,6 +165,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
             storage_path=storage,
             failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.ray.num_to_keep, **by_loss),
+            callbacks=_tune_callbacks(),
         ),
         datasets=datasets,
         dataset_config=DataConfig(datasets_to_split=[]),
@@ -182,6 +184,18 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
     facts = {"run_name": name, "storage": storage, "num_workers": cfg.ray.num_workers, "use_gpu": gpu,
              "local_mode": local_mode, "seeds_in_run": seeds, "checkpoints_retained": retained}
     return results, facts
+
+
+def _tune_callbacks() -> list[Any]:
+    """Inside a Ray Tune trial (`memprune tune`): forward each epoch's report to Tune, so its scheduler can stop
+    the trial early; elsewhere none."""
+    from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+    if not _in_tune_session():
+        return []
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    return [TuneReportCallback()]
 
 
 def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int]) -> list[dict[str, Any]]:
