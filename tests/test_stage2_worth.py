@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 
-from memprune.evaluate import evaluate_run
 from test_evaluate import synthetic_run
+
+from memprune.evaluate import evaluate_run
 
 
 def _seconds(run, stage, per_seed):

@@ -129,9 +129,9 @@ class TuneSettings(ConfigModel):
 
     @model_validator(mode="after")
     def _check_values(self) -> "TuneSettings":
-        if self.stage2_trials and self.train.ray.num_workers < 1:
-            raise ValueError("train.ray.num_workers: stage-2 trials run on Ray Train workers (>= 1), so the "
-                             "scheduler sees every epoch; local mode (0) reports only at the end")
+        if (self.stage1_trials or self.stage2_trials) and self.train.ray.num_workers < 1:
+            raise ValueError("train.ray.num_workers: trials run on Ray Train workers (>= 1), which report every "
+                             "epoch to Tune; Ray Train's local mode (0) cannot run inside a Tune trial")
         for name in ("stage1_space", "stage2_space"):
             for key, dim in getattr(self, name).items():
                 values = dim if isinstance(dim, list) else [dim.low, dim.high]

@@ -2,7 +2,7 @@
 
 `run(cfg)`: the train step's own preparation (labels joined to bullets, split by conversation, frozen
 embeddings cached) -> optionally a stable subset of the train conversations (validation stays whole)
--> the stage-1 search (FIFO, each trial a stage-1 run in the trial's process: seconds) -> the chosen
+-> the stage-1 search (FIFO, each trial a stage-1 run: seconds of training) -> the chosen
 stage 1 trained once for the trial seed -> the stage-2 search (ASHA on each epoch's validation session
 Spearman, forwarded from the Ray Train workers; each trial a normal stage-2 run on Ray Train started
 from that stage-1 artifact, or from its own stage 1 when it changes the loss) -> tune.json, tune.md,
@@ -19,7 +19,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from rich.console import Console
@@ -56,15 +55,14 @@ def run_trial(point: dict[str, Any], *, stage: str, cfg: TuneConfig, base: Train
               shared_stage1: str | None) -> None:
     """One Tune trial: a normal `stage` run of `base` with `point` applied, for the trial seed; reports the metric.
 
-    Stage-1 trials train in the trial's process (local mode); stage-2 trials train on Ray Train workers,
-    whose per-epoch reports reach Tune (and its scheduler) through the train step's Tune callback.
+    Both train on Ray Train workers (Ray Train's local mode cannot run inside a Tune trial), whose per-epoch
+    reports reach Tune (and the stage-2 scheduler) through Tune's report callback on that
+    stage's Ray Train run.
     """
     from ray import tune
 
     started = time.perf_counter()
     settings = apply_point(base, point)
-    if stage == "stage1":
-        settings = settings.model_copy(update={"ray": settings.ray.model_copy(update={"num_workers": 0})})
     out = _trial_out(cfg.out / "trials", stage, point)
     tcfg = cfg.train_config(out, settings)
     stage1_s = 0.0
@@ -77,7 +75,10 @@ def run_trial(point: dict[str, Any], *, stage: str, cfg: TuneConfig, base: Train
             t0 = time.perf_counter()
             run_stage(tcfg, inputs, "stage1", [cfg.seed])
             stage1_s = time.perf_counter() - t0
-    [summary] = run_stage(tcfg, inputs, stage, [cfg.seed])
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    # only the searched stage's epochs reach Tune (a trial's own stage 1 must not feed the scheduler)
+    [summary] = run_stage(tcfg, inputs, stage, [cfg.seed], callbacks=[TuneReportCallback()])
     metric, n_sessions = session_spearman_of(artifact_dir(out, stage, cfg.seed) / "predictions.parquet")
     tune.report({
         "epoch": int(summary["epochs_run"] or 0), METRIC: metric, "final": True, "n_sessions": n_sessions,
@@ -89,15 +90,11 @@ def run_trial(point: dict[str, Any], *, stage: str, cfg: TuneConfig, base: Train
 
 
 def _width(cfg: TuneConfig, stage: str, n: int) -> int:
-    """Trials at once: `max_concurrent`, else what the cluster fits (stage 1: one CPU each; stage 2: its trainers)."""
-    import ray
-
+    """Trials at once: `max_concurrent`, else as many trainers as the cluster fits."""
     from memprune.train.recipe import _concurrency
 
     if cfg.max_concurrent is not None:
         return max(1, min(cfg.max_concurrent, n))
-    if stage == "stage1":
-        return max(1, min(int(ray.cluster_resources().get("CPU", 1)), n))
     return _concurrency(cfg.train_config(cfg.out), n)
 
 
@@ -124,9 +121,10 @@ def _search(cfg: TuneConfig, stage: str, base: TrainSettings, inputs: Inputs, sh
     width = _width(cfg, stage, n)
     trainable = tune.with_parameters(run_trial, stage=stage, cfg=cfg, base=base, inputs=inputs,
                                      shared_stage1=shared_stage1)
-    cpus = 1.0 if stage == "stage1" else 0.0  # stage-2 trials wait on their Ray Train workers, which hold the CPUs
+    # a trial only waits on its Ray Train workers, which hold the CPUs: it reserves no CPU (a bundle may not be empty)
+    trial_resources = {"CPU": 0, "memory": 64 * 2**20}
     tuner = tune.Tuner(
-        tune.with_resources(trainable, {"CPU": cpus}),
+        tune.with_resources(trainable, trial_resources),
         param_space=param_space(space),
         tune_config=tune.TuneConfig(
             metric=METRIC, mode="max", num_samples=n, scheduler=scheduler,
