@@ -40,7 +40,8 @@ def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TuneConfig:
     base: dict[str, Any] = {
         "data": data, "labels": labels, "out": out, "train": train, "max_concurrent": 1,
         "stage1_space": {"stage1.lr": [3e-3, 1e-2]}, "stage1_trials": 1,
-        "stage2_space": {"stage2.lr": [3e-3], "loss.rank_weight": [0.0, 0.5]}, "stage2_trials": 3,
+        "stage2_space": {"stage2.lr": [3e-3], "loss.rank_weight": [0.0, 0.5],
+                         "stage2.lora.target_modules": [["query", "value"]]}, "stage2_trials": 3,
         # the base settings, then a ranking-loss trial (its own stage 1), then a destructive step size
         "points": [{"loss.rank_weight": 0.5}, {"stage2.lr": 3.0}],
         "scheduler": {"grace_period": 1, "reduction_factor": 2},
@@ -92,5 +93,5 @@ def test_tune_config_refuses_bad_spaces(corpus: tuple[Path, Path], tmp_path: Pat
     with pytest.raises(ValueError, match="num_workers"):
         _config(*corpus, tmp_path, train={"ray": {"num_workers": 0}})
     base = _config(*corpus, tmp_path).train
-    assert apply_point(base, {"stage2.lora.target_modules": ["query", "dense"]}).stage2.lora.target_modules == [
-        "query", "dense"]
+    for value in (["query", "dense"], '["query", "dense"]'):  # as given, and as Tune carries it (JSON)
+        assert apply_point(base, {"stage2.lora.target_modules": value}).stage2.lora.target_modules == ["query", "dense"]

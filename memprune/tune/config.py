@@ -7,6 +7,7 @@ every choice is checked against `TrainSettings` here, so a bad value fails befor
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ STAGE2_KEYS = ("stage2.lr", "stage2.epochs", "stage2.patience", "stage2.weight_d
                "stage2.lora.r", "stage2.lora.alpha", "stage2.lora.dropout", "stage2.lora.target_modules",
                "stage2.train_head", "loss.rank_weight", "loss.rank_temperature")
 METRIC = "val_session_spearman"
+# list-valued settings travel through Tune as JSON strings (Tune would read a list as nested config paths)
+LIST_KEYS = ("stage2.lora.target_modules",)
 
 
 class Interval(ConfigModel):
@@ -94,6 +97,8 @@ def apply_point(base: TrainSettings, point: dict[str, Any]) -> TrainSettings:
     """`base` with the dotted keys of `point` replaced, validated as train settings."""
     data = base.model_dump(mode="json")
     for key, value in point.items():
+        if key in LIST_KEYS and isinstance(value, str):
+            value = json.loads(value)
         set_key(data, key, value)
     return TrainSettings.model_validate(data)
 

@@ -7,6 +7,7 @@ headline metric), computed from a run's predictions with the evaluation's own `s
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,17 @@ def domain(dim: Dimension) -> Any:
     from ray import tune
 
     if isinstance(dim, list):
-        return tune.choice(dim)
+        return tune.choice([encode(v) for v in dim])
     assert isinstance(dim, Interval)
     if dim.integer:
         low, high = int(dim.low), int(dim.high) + 1  # randint's upper bound is exclusive
         return tune.lograndint(low, high) if dim.log else tune.randint(low, high)
     return tune.loguniform(dim.low, dim.high) if dim.log else tune.uniform(dim.low, dim.high)
+
+
+def encode(value: Any) -> Any:
+    """A choice as Tune carries it: lists as JSON strings (`apply_point` reads them back), the rest as is."""
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
 
 
 def param_space(space: dict[str, Dimension]) -> dict[str, Any]:
@@ -39,7 +45,7 @@ def param_space(space: dict[str, Dimension]) -> dict[str, Any]:
 def base_point(base: TrainSettings, space: dict[str, Dimension]) -> dict[str, Any]:
     """The base settings' value of every searched key (tried first: today's settings as a reference trial)."""
     data = base.model_dump(mode="json")
-    return {key: get_key(data, key) for key in space}
+    return {key: encode(get_key(data, key)) for key in space}
 
 
 def max_epochs(base: TrainSettings, space: dict[str, Dimension], points: list[dict[str, Any]]) -> int:

@@ -29,7 +29,7 @@ from memprune.train.config import TrainSettings
 from memprune.train.trainer import Inputs, artifact_dir, run_stage
 from memprune.tune.config import METRIC, TuneConfig, TuneError, apply_point
 from memprune.tune.report import render_report, render_train_yaml, write_figure
-from memprune.tune.space import base_point, max_epochs, param_space, session_spearman_of
+from memprune.tune.space import base_point, encode, max_epochs, param_space, session_spearman_of
 from memprune.work import digest
 
 console = Console(stderr=True)
@@ -84,7 +84,9 @@ def run_trial(point: dict[str, Any], *, stage: str, cfg: TuneConfig, base: Train
         "epoch": int(summary["epochs_run"] or 0), METRIC: metric, "final": True, "n_sessions": n_sessions,
         "val_mse": summary["val_mse"], "best_epoch": summary["best_epoch"], "epochs_run": summary["epochs_run"],
         "patience_stopped": bool(summary.get("stopped_early")), "train_s": summary["wall_s"],
-        "stage1_s": round(stage1_s, 3), "cost_s": round(time.perf_counter() - started, 3), "dir": str(out),
+        "stage1_s": round(stage1_s, 3), "dir": str(out),
+        # a reused trial costs what its first run did (train.json), not the seconds of finding it again
+        "cost_s": round(summary["wall_s"] if summary.get("reused") else time.perf_counter() - started, 3),
         "reused": bool(summary.get("reused")),
     })
 
@@ -109,7 +111,7 @@ def _search(cfg: TuneConfig, stage: str, base: TrainSettings, inputs: Inputs, sh
     n = cfg.stage1_trials if stage == "stage1" else cfg.stage2_trials
     points = [base_point(base, space)] if cfg.include_base else []
     if stage == "stage2":
-        points += [{**base_point(base, space), **p} for p in cfg.points]
+        points += [{**base_point(base, space), **{k: encode(v) for k, v in p.items()}} for p in cfg.points]
     points = points[:n]
     if stage == "stage2":
         horizon = max_epochs(base, space, points)
