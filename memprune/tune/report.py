@@ -10,7 +10,8 @@ import yaml
 from memprune.markdown import fmt, table
 from memprune.tune.config import METRIC
 
-STATUS_MARK = {"completed": "completed", "stopped early": "stopped early (ASHA)", "error": "error"}
+STATUS_MARK = {"completed": "completed", "stopped early": "stopped early (ASHA)", "error": "error",
+               "interrupted": "interrupted"}
 
 
 def _settings_cell(settings: dict[str, Any]) -> str:

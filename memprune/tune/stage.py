@@ -140,14 +140,17 @@ def _search(cfg: TuneConfig, stage: str, base: TrainSettings, inputs: Inputs, sh
     )
     console.print(f"tune {stage}: {n} trials, {width} at once", highlight=False)
     grid = tuner.fit()
-    records = [_record(stage, r) for r in grid]
+    # Tune's own trial status tells a trial the scheduler stopped (TERMINATED, no final report) from one that was
+    # interrupted (Ctrl-C, still RUNNING or PENDING)
+    statuses = {t.trial_id: t.status for t in getattr(getattr(grid, "_experiment_analysis", None), "trials", [])}
+    records = [_record(stage, r, statuses) for r in grid]
     for r in records:
         console.print(f"{stage} {r['trial_id']}: {r['status']}, {METRIC} {r['metric']}, {r['cost_s']} s",
                       highlight=False)
     return records
 
 
-def _record(stage: str, result: Any) -> dict[str, Any]:
+def _record(stage: str, result: Any, statuses: dict[str, str]) -> dict[str, Any]:
     """One trial's row: its settings, status (completed, stopped early by the scheduler, error), metric, cost."""
     m = dict(result.metrics or {})
     history: list[dict[str, Any]] = []
@@ -155,15 +158,18 @@ def _record(stage: str, result: Any) -> dict[str, Any]:
     if frame is not None and "val_loss" in frame.columns:
         for _, row in frame[frame["val_loss"].notna()].iterrows():
             history.append({"epoch": int(row["epoch"]), METRIC: _num(row.get(METRIC)), "val_loss": _num(row["val_loss"])})
+    trial_id = (result.path or "").rsplit("-", 1)[-1]
     if result.error is not None:
         status = "error"
     elif m.get("final"):
         status = "completed"
-    else:
+    elif statuses.get(trial_id, "TERMINATED") == "TERMINATED":
         status = "stopped early"
+    else:
+        status = "interrupted"
     return {
         "stage": stage,
-        "trial_id": (result.path or "").rsplit("-", 1)[-1],
+        "trial_id": trial_id,
         "settings": dict(result.config or {}),
         "status": status,
         "error": str(result.error).splitlines()[0][:300] if result.error is not None else None,
