@@ -56,9 +56,9 @@ def render_report(summary: dict[str, Any]) -> str:
                   "when its loss differs from the chosen stage 1's. The first trial of each search is the base "
                   "settings.", ""]
     if best2 is not None:
-        verdict = "beats" if gain is not None and gain > 0 else "does not beat"
-        lines += [f"**Best stage 2** ({best2['trial_id']}): valid {METRIC} {fmt(best2['metric'])}, which {verdict} "
-                  f"the chosen stage 1 ({fmt(s1['metric'])}) by {fmt(gain)} on the validation split, at "
+        verdict = "above" if gain is not None and gain > 0 else "not above"
+        lines += [f"**Best stage 2** ({best2['trial_id']}): valid {METRIC} {fmt(best2['metric'])}, {verdict} "
+                  f"the chosen stage 1 ({fmt(s1['metric'])}): difference {fmt(gain)} on the validation split, at "
                   f"{fmt(best2['cost_s'], 1)} s against {fmt(s1['train_s'], 1)} s. Whether stage 2 is worth it is "
                   "decided on the test split over seeds: `memprune train --config train-tuned.yaml` then "
                   "`memprune evaluate` (its 'Is stage 2 worth it' table).", ""]
