@@ -316,6 +316,32 @@ def train(
 
 
 @app.command()
+def tune(
+    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
+    labels: Optional[list[Path]] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet; repeat to mix."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: tune.json, tune.md, tune.png, "
+                                       "train-tuned.yaml, trials/."),
+    stage1_trials: Optional[int] = typer.Option(None, "--stage1-trials", help="Stage-1 trials [default: 6]."),
+    stage2_trials: Optional[int] = typer.Option(None, "--stage2-trials", help="Stage-2 trials [default: 8]."),
+    train_fraction: Optional[float] = typer.Option(None, "--train-fraction", help="Share of the train conversations "
+                                                   "the trials use (validation stays whole) [default: 1]."),
+    tuned_config: Optional[Path] = typer.Option(None, "--tuned-config", help="Also write the best train config here."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Search the stage-1 and stage-2 settings with Ray Tune (ASHA), selected on validation session Spearman."""
+    from memprune.tune import TuneConfig, run
+
+    _, summary = run_stage(TuneConfig, run, config, set_, {
+        "data": data, "labels": labels or None, "out": out, "stage1_trials": stage1_trials,
+        "stage2_trials": stage2_trials, "train_fraction": train_fraction, "tuned_config": tuned_config})
+    best = summary["best_stage2"]
+    console.print(f"stage 1: valid session Spearman {summary['stage1_chosen']['metric']}; best stage 2: "
+                  f"{best['metric'] if best else None} ({summary['stopped_early']} trial(s) stopped early) "
+                  f"-> {summary['out']}/tune.md", highlight=False)
+
+
+@app.command()
 def evaluate(
     run_dir: Optional[Path] = typer.Option(None, "--run", help="Run directory with <stage>/seed<k>/predictions.parquet."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for metrics.json, report.md and figures."),

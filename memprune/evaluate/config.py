@@ -36,6 +36,9 @@ class EvalSettings(ConfigModel):
     histogram_bins: int = Field(20, ge=1)
     calibration_bins: int = Field(10, ge=1)
     figures: bool = True
+    stage2_min_gain: float = Field(0.02, ge=0.0, description="stage 2 is recommended only when it beats stage 1 on "
+                                   "test session Spearman by at least this much ...")
+    stage2_alpha: float = Field(0.05, gt=0.0, lt=1.0, description="... with a Wilcoxon p-value over sessions below this")
 
     @field_validator("splits", mode="before")
     @classmethod

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memprune.evaluate.calibration import calibration_table, figure_reliability
+from memprune.evaluate.worth import worth_table
 from memprune.figures import new_figure, save_png
 from memprune.io import write_text
 from memprune.markdown import fmt, fmt_p, mean_std, stars, table
@@ -315,6 +316,9 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
         if not main:
             continue
         lines += ["### Significance", ""] + significance_table(split) + [""]
+        if metrics.get("stage2_vs_stage1"):
+            lines += ["### Is stage 2 worth it? Stage 2 against Stage 1", ""] + worth_table(metrics["stage2_vs_stage1"])
+            lines += [""]
         lines += ["### Sessions used per ranking metric", ""] + sessions_used_table(split) + [""]
         lines += ["### Per seed", ""] + per_seed_table(split, ks) + [""]
         if split.get("relevance_calibration"):

@@ -48,6 +48,7 @@ class Stage2Config(OptimConfig):
     """Stage 2: LoRA adapters on the encoder, trained with the head."""
 
     lora: LoraSettings = Field(default_factory=LoraSettings)
+    train_head: bool = Field(True, description="false: the stage-1 head stays frozen and only the adapters train")
 
 
 class LossConfig(ConfigModel):

@@ -52,6 +52,7 @@ class LoopConfig(ConfigModel):
     local_mode: bool = False  # num_workers == 0: in-process, checkpoints kept under local_checkpoint_dir
     local_checkpoint_dir: str
     fault: FaultInjection | None = None
+    train_head: bool = True  # stage 2: false freezes the stage-1 head (only the adapters train)
 
 
 def session_batches(groups: np.ndarray, batch_size: int, rng: np.random.Generator | None) -> list[np.ndarray]:
@@ -178,6 +179,8 @@ def _setup_seed(lc: LoopConfig, seed: int, resumed: Path | None, device: Any, ra
     scorer = lc.scorer.model_copy(update={"seed": seed})
     model = spec.model(scorer, seed, lc.embedding_dim, lc.init_dirs.get(str(seed)), lc.precision)
     model.module.to(device)  # before the optimizer and its restored state
+    if not lc.train_head and hasattr(model.module, "head"):
+        model.module.head.requires_grad_(False)
     params = [p for p in model.module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lc.optim.lr, weight_decay=lc.optim.weight_decay)
     state, best = LoopState(), model.trainable_state()
@@ -230,17 +233,34 @@ def _train_epoch(w: Worker, batches: list[np.ndarray], steps: int, epoch: int) -
 
 
 def _validate(w: Worker) -> dict[str, float]:
-    """Validation sums over this worker's sessions (the unwrapped module: no DDP collectives)."""
+    """Validation sums over this worker's sessions (the unwrapped module: no DDP collectives), with the sum and
+    count of per-session Spearman rhos (the ranking metric Tune selects on; batches hold whole sessions)."""
     import torch
 
-    totals = {"sse": 0.0, "n": 0.0, "kl": 0.0, "groups": 0.0}
+    from memprune.evaluate.metrics import session_spearman
+
+    totals = {"sse": 0.0, "n": 0.0, "kl": 0.0, "groups": 0.0, "rho_sum": 0.0, "rho_n": 0.0}
     w.model.module.eval()
     with torch.no_grad():
         for idx in w.valid_batches:
-            _, parts = _batch_parts(w, w.model.module, w.valid_rows, idx)
-            for k in totals:
+            logits = w.model.logits(w.model.module, w.valid_rows, idx, w.device)
+            labels = torch.as_tensor(w.valid_rows["label"][idx], device=w.device)
+            groups = torch.as_tensor(w.valid_rows["group_code"][idx], device=w.device)
+            weights = torch.as_tensor(w.valid_rows["weight"][idx], device=w.device)
+            _, parts = batch_loss(logits, labels, groups, w.lc.loss, weights)
+            for k in ("sse", "n", "kl", "groups"):
                 totals[k] += parts[k]
+            scores, codes = logits.float().cpu().numpy(), w.valid_rows["group_code"][idx]
+            for g in np.unique(codes):
+                rho = session_spearman(w.valid_rows["label"][idx][codes == g], scores[codes == g])
+                if np.isfinite(rho):
+                    totals["rho_sum"], totals["rho_n"] = totals["rho_sum"] + rho, totals["rho_n"] + 1
     return totals
+
+
+def session_rho(sums: dict[str, float]) -> float:
+    """Mean per-session Spearman from summed `rho_sum` / `rho_n` (NaN when no session has varying labels)."""
+    return sums["rho_sum"] / sums["rho_n"] if sums.get("rho_n") else float("nan")
 
 
 def _maybe_die(w: Worker, epoch: int, step: int) -> None:
@@ -275,7 +295,7 @@ def _end_epoch(w: Worker, epoch: int, tr: dict[str, float], va: dict[str, float]
     else:
         w.state.bad_epochs += 1
     metrics = {"epoch": epoch, "train_loss": tr["loss"], "train_mse": tr["mse"], "val_loss": va["loss"],
-               "val_mse": va["mse"], "val_rank": va["rank"], "epoch_s": round(now() - started, 4),
+               "val_mse": va["mse"], "val_rank": va["rank"], "val_session_spearman": va["session_spearman"], "epoch_s": round(now() - started, 4),
                "span": [started, now()], "steps": steps}
     w.state.history.append(metrics)
     return {**metrics, "best_epoch": w.state.best_epoch, "best_val_loss": w.state.best_val_loss}
@@ -339,7 +359,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             train_batches = session_batches(w.train_rows["group"], lc.optim.batch_size, rng)
             steps = int(all_reduce({"steps": float(len(train_batches))}, op="max")["steps"])
             tr = combine_parts(all_reduce(_train_epoch(w, train_batches, steps, epoch)), lc.loss)
-            va = combine_parts(all_reduce(_validate(w)), lc.loss)
+            va_sums = all_reduce(_validate(w))
+            va = {**combine_parts(va_sums, lc.loss), "session_spearman": session_rho(va_sums)}
             step += 1
             _report(workers, {"seed": w.seed, **_end_epoch(w, epoch, tr, va, started, steps)}, step)
             reported = True

@@ -161,10 +161,20 @@ class StageSpec:
             "precision": cfg.precision,  # of the embeddings (vanilla, stage 1) or of stage 2's passes
         }
         if self.settings:
-            payload.update({s: getattr(cfg, s).model_dump(mode="json") for s in self.settings})
+            payload.update({s: _settings_payload(getattr(cfg, s)) for s in self.settings})
             payload["loss"] = cfg.loss.model_dump(mode="json")
             payload["workers"] = cfg.ray.num_workers
         return digest(payload)
+
+
+# settings added after artifacts existed: left out of the fingerprint at their default, so old runs are reused
+_NEUTRAL_DEFAULTS: dict[str, Any] = {"train_head": True}
+
+
+def _settings_payload(section: OptimConfig) -> dict[str, Any]:
+    """An optimiser section as fingerprinted: its JSON dump without later-added settings left at their default."""
+    dump = section.model_dump(mode="json")
+    return {k: v for k, v in dump.items() if not (k in _NEUTRAL_DEFAULTS and v == _NEUTRAL_DEFAULTS[k])}
 
 
 STAGE_SPECS: dict[str, StageSpec] = {

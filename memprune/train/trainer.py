@@ -118,10 +118,10 @@ def _dataset(table: pa.Table) -> Any:
     return ds
 
 
-def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fps: dict[int, str]
-         ) -> tuple[dict[int, tuple[dict[str, Any], dict[str, Any]]], dict[str, Any]]:
+def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fps: dict[int, str],
+         callbacks: list[Any] | None = None) -> tuple[dict[int, tuple[dict[str, Any], dict[str, Any]]], dict[str, Any]]:
     """One TorchTrainer for a trained stage and `seeds` (trained in turn): per seed (best weights, loop state),
-    and the Ray facts for train.json."""
+    and the Ray facts for train.json. `callbacks`: extra Ray Train callbacks (`memprune tune` forwards epochs)."""
     import torch
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -153,6 +153,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
         loss=cfg.loss, init_dirs=init_dirs, embedding_dim=inputs.embedding_dim, threads=spec.threads(cfg),
         precision=cfg.precision if spec.column == "text" else "fp32",  # only the encoder's passes gain from 16 bits
         local_mode=local_mode, local_checkpoint_dir=str(cfg.out / "ray" / name / "local"), fault=cfg.fault,
+        train_head=bool(getattr(spec.optim(cfg), "train_head", True)),
     )
     # every checkpoint holds each seed's best weights: keep the latest; keep the best by val_loss only for one seed
     by_loss = {"checkpoint_score_attribute": "val_loss", "checkpoint_score_order": "min"} if len(seeds) == 1 else {}
@@ -166,6 +167,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
             storage_path=storage,
             failure_config=FailureConfig(max_failures=cfg.ray.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.ray.num_to_keep, **by_loss),
+            callbacks=list(callbacks or []),
         ),
         datasets=datasets,
         dataset_config=DataConfig(datasets_to_split=[]),
@@ -186,9 +188,11 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
     return results, facts
 
 
-def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int]) -> list[dict[str, Any]]:
+def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int],
+              callbacks: list[Any] | None = None) -> list[dict[str, Any]]:
     """Train (or build, for vanilla) a stage for `seeds`, in one Ray Train run; write each seed's artifact,
-    predictions and train.json. Seeds already finished with the same fingerprint are reused."""
+    predictions and train.json. Seeds already finished with the same fingerprint are reused. `callbacks` go to
+    the Ray Train run (`memprune tune` passes Tune's report callback so its scheduler sees every epoch)."""
     from memprune.scorer import build_head
 
     spec = STAGE_SPECS[stage]
@@ -208,7 +212,7 @@ def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int]) ->
     results: dict[int, tuple[dict[str, Any], dict[str, Any] | None]] = {}
     facts: dict[str, Any] | None = None
     if pending and spec.trained:
-        results, facts = _fit(cfg, inputs, spec, pending, fps)
+        results, facts = _fit(cfg, inputs, spec, pending, fps, callbacks)
     elif pending:  # the untrained baseline: the pretrained encoder + a head initialised from the seed
         if inputs.embedding_dim is None:
             raise TrainError(f"{stage} needs the encoder embeddings")
