@@ -70,7 +70,9 @@ class PipelineConfig(ConfigModel):
         for section in ("evaluate", "prune"):
             if "rule" in getattr(self, section).model_fields_set:
                 raise ValueError(f"{section}.rule: set the pruning rule once, as the top-level `rule`")
-        self.evaluate = self.evaluate.model_copy(update={"rule": self.rule})
+        # The evaluation's tables are the paper's: the rule's threshold and top-k, whatever policy prune applies.
+        paper = PruneRule.of(threshold=self.rule.threshold, top_k=self.rule.top_k, group_by=self.rule.group_by)
+        self.evaluate = self.evaluate.model_copy(update={"rule": paper})
         self.prune = self.prune.model_copy(update={"rule": self.rule})
         return self
 

@@ -24,7 +24,8 @@ class EvalSettings(ConfigModel):
     """Every option of `memprune evaluate` except the paths (the pipeline's `evaluate:` section)."""
 
     rule: PruneRule = Field(default_factory=PruneRule,
-                            description="the pruning rule of the main pruning table (threshold) and of the sweep (top-k)")
+                            description="the pruning rule of the main pruning table (threshold) and of the sweep (top-k); "
+                                        "the paper's rule only (dedup is not applied)")
     ks: tuple[int, ...] = KS
     relevance_threshold: float = Field(RELEVANCE_THRESHOLD, ge=0.0, le=1.0, description="relevant = label >= this")
     thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -69,6 +70,9 @@ class EvalSettings(ConfigModel):
             raise ValueError(f"evaluation measures sessions: rule.group_by must be session, got {self.rule.group_by!r}")
         if self.rule.threshold is None:
             raise ValueError("rule.threshold must be a number: it is the threshold of the main pruning table")
+        if self.rule.policy != "rule" or self.rule.floor is not None or self.rule.min_keep:
+            raise ValueError("the evaluation's pruning tables apply the paper's rule (threshold, then top-k, no "
+                             "duplicate merging): budget, fraction, floor and min_keep are `memprune prune`'s")
         return self
 
 
