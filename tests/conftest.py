@@ -60,6 +60,16 @@ def minilm_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def scorer_dir(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> Path:
+    """A vanilla scorer artifact (MiniLM + seeded linear head; scores spread around 0.5), built once; read it only."""
+    from memprune.scorer import Scorer, ScorerConfig
+
+    path = tmp_path_factory.mktemp("scorer") / "vanilla"
+    Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0, "dropout": 0.0}), seed=3).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_llm(tmp_path_factory) -> str:
     """Path of a tiny random chat Llama + BPE tokenizer, built once per session (tests/tiny_llm.py)."""
     from tiny_llm import build_tiny_llm

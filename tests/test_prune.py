@@ -26,7 +26,7 @@ from memprune.prune import (
     score_texts,
 )
 from memprune.schema import BULLETS
-from memprune.scorer import Scorer, ScorerConfig
+from memprune.scorer import Scorer
 from memprune.tokens import token_counter
 
 SESSION = list(GROUP_KEYS["session"])
@@ -34,13 +34,6 @@ SESSION = list(GROUP_KEYS["session"])
 
 # ------------------------------------------------------------------ fixtures
 
-
-@pytest.fixture(scope="module")
-def scorer_dir(tmp_path_factory, minilm_path) -> Path:
-    """A vanilla scorer artifact (MiniLM + seeded head): scores spread around 0.5."""
-    path = tmp_path_factory.mktemp("scorer") / "vanilla"
-    Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0, "dropout": 0.0}), seed=3).save(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,6 @@ import pytest
 from typer.testing import CliRunner
 
 from memprune.prune import MemoryPruner, PruneConfig, PruneRule, read_pruned, run_prune
-from memprune.scorer import Scorer, ScorerConfig
-
-
-@pytest.fixture(scope="module")
-def scorer_dir(tmp_path_factory, minilm_path) -> Path:
-    path = tmp_path_factory.mktemp("scorer") / "vanilla"
-    Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0, "dropout": 0.0}), seed=3).save(path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from typer.testing import CliRunner
 
 from memprune.archive import read_archive, restore
 from memprune.cli import app
-from memprune.scorer import Scorer, ScorerConfig
 from memprune.stores import StoreError, normalize, parse_map, split_input
 
 os.environ["MEM0_TELEMETRY"] = "False"
@@ -35,12 +34,6 @@ RULE = ["--threshold", "0.5", "--top-k", "2", "--set", "progress=false", "--set"
 def _cli(*args: str):
     return CliRunner().invoke(app, list(args))
 
-
-@pytest.fixture(scope="module")
-def scorer_dir(tmp_path_factory, minilm_path) -> Path:
-    path = tmp_path_factory.mktemp("scorer") / "vanilla"
-    Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0, "dropout": 0.0}), seed=3).save(path)
-    return path
 
 
 def _mem0_config(d: Path, minilm_path: str) -> Path:
