@@ -107,8 +107,6 @@ def run(config: PruneConfig) -> dict[str, Any]:
     check_unit(config.tokenizer)
     scorer_info = check_scorer(config.scorer)
     scores_used = score_mode(config, scorer_info)
-    if scores_used["note"]:
-        console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False)
     rule, settings = config.rule, config.settings()
     files, schema, notes = open_store(list_store_files(config.input), config.columns)
     rows_wanted = min(sum(f.num_rows for f in files), config.limit_rows or math.inf)
@@ -129,6 +127,8 @@ def run(config: PruneConfig) -> dict[str, Any]:
         # At least ~4 blocks per actor, so that no actor idles while another finishes the last big block.
         block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (4 * res.actors))))
     plan = plan_store(files, rule.keys, block_rows, config.grouping, config.limit_rows)
+    if scores_used["note"]:  # after every input check, so that a bad input stays one error line
+        console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False, soft_wrap=True)
     console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "
                   f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks", highlight=False)
     with OutputSet(out, "prune") as outputs:
