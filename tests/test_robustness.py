@@ -183,11 +183,12 @@ def test_every_shipped_config_loads(monkeypatch) -> None:
     from memprune.qa import QAEvalConfig
     from memprune.summarize import SummarizeConfig
     from memprune.train import TrainConfig
+    from memprune.tune.config import TuneConfig
 
     monkeypatch.chdir(REPO)
     models = {"dialogue-eval": DialogueEvalConfig, "evaluate": EvalConfig, "ingest": IngestConfig,
               "label": LabelConfig, "pipeline": PipelineConfig, "prune": PruneConfig, "qa-eval": QAEvalConfig,
-              "summarize": SummarizeConfig, "train": TrainConfig}
+              "summarize": SummarizeConfig, "train": TrainConfig, "tune": TuneConfig}
     files = sorted((REPO / "configs").rglob("*.yaml"))
     assert len(files) >= 15
     for path in files:

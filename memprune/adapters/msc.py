@@ -60,10 +60,11 @@ class MscAdapter(Adapter):
                 for kind, n in _contents(record).items():
                     ledger.saw(kind, n)
                 cid = record.get("initial_data_id")
-                if not isinstance(cid, str) or not cid:
+                problem = text_problem("initial_data_id", cid)
+                if problem is not None:
                     ledger.reject(
                         source=source, record=where, field="initial_data_id", kind="session",
-                        reason="missing or not a string", value=cid, lost=_contents(record),
+                        reason=problem, value=cid, lost=_contents(record),
                     )
                     continue
                 if cid not in conversations:
