@@ -113,6 +113,22 @@ def ensure_ray(address: str | None = None) -> None:
                                  "runtime_env": {"env_vars": QUIET_ENV}}
     ray.init(address=target, include_dashboard=False, configure_logging=False, **quiet)
     _quiet_ray_data()
+    if not _VERBOSE:
+        _log_cluster_messages()
+
+
+def _log_cluster_messages() -> None:
+    """Ray's driver prints the cluster's messages (e.g. "8 worker processes have been started") to stdout from a
+    listener thread, even with log_to_driver off; when quiet, they go to the logging system (the log file)."""
+    import ray._private.worker as ray_worker
+
+    log = logging.getLogger("ray.cluster_messages")
+
+    def to_log(data: Mapping[str, Any], ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", []):
+            log.warning("(%s) %s", data.get("pid", "ray"), line)
+
+    ray_worker.print_to_stdstream = to_log
 
 
 def started_by_this_process() -> bool:
