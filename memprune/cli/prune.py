@@ -1,0 +1,140 @@
+"""The pruning door of the command line: `memprune prune` (bullets stores and external stores),
+`memprune restore` (undo a prune from its archive) and `memprune score` (scores without a decision)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from memprune.cli import CONFIG, SET, _top_k, app, console, fail, run_stage, user_errors
+
+
+@app.command()
+def prune(
+    scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
+    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or corpus dir."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: pruned/ (store + score, keep, reason), prune.json, prune.md."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="rule (threshold then top-k, the paper's), budget or "
+                                                                 "fraction [default: rule]."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="rule: drop bullets scored below this [default: 0.5]."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="rule: keep at most k per group, 0 = no cap [default: 5]."),
+    budget_tokens: Optional[int] = typer.Option(None, "--budget-tokens", help="budget: kept tokens per group never exceed B "
+                                                                              "(implies --policy budget)."),
+    fraction: Optional[float] = typer.Option(None, "--fraction", help="fraction: keep the top ceil(q*n) of each group "
+                                                                       "(implies --policy fraction)."),
+    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Never leave a group with fewer than m bullets [default: 0]."),
+    floor: Optional[float] = typer.Option(None, "--floor", help="Any policy: drop bullets scored below this."),
+    dedup_threshold: Optional[float] = typer.Option(None, "--dedup-threshold", help="Cosine of the scorer's embeddings at "
+                                                    "which bullets of a group are near-duplicates (merged first)."),
+    no_dedup: bool = typer.Option(False, "--no-dedup", help="Do not merge duplicate bullets before deciding."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Decide and report (prune.json, prune.md, preview.jsonl); "
+                                                          "write no store."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="keep (pruned/ with keep) or split (also kept/ and the "
+                                                            "dropped/ archive) [default: keep]."),
+    group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
+    score: Optional[str] = typer.Option(None, "--score", help="auto (calibrated where the scorer has calibration.json), raw or calibrated [default: auto]."),
+    map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
+    apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records."),
+    apply_flag: bool = typer.Option(False, "--apply-flag", help="External store: set memprune_keep/memprune_score instead."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Score a bullets store with a trained scorer on Ray Data and prune it: duplicates merged, then a policy.
+
+    --input also takes an external store, KIND:LOCATION: table:PATH (Parquet/JSONL/CSV), lance:PATH, mem0:CONFIG.
+    """
+    from memprune.prune import PruneConfig, run
+    from memprune.prune.report import emptied_warning
+
+    if policy is None:
+        policy = "budget" if budget_tokens is not None else "fraction" if fraction is not None else None
+    values = {"scorer": scorer, "input": input, "out": out, "rule.threshold": threshold, "rule.group_by": group_by,
+              "rule.policy": policy, "rule.budget_tokens": budget_tokens, "rule.fraction": fraction,
+              "rule.min_keep": min_keep, "rule.floor": floor, "rule.dedup_threshold": dedup_threshold,
+              "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
+    values |= _store_values(map_, "flag" if apply_flag else "delete" if apply else None)
+    cfg, summary = run_stage(PruneConfig, run, config, set_, values | _top_k(top_k))
+    r = summary["result"]
+    console.print(f"{'would keep' if cfg.dry_run else 'kept'} {r['bullets_after']:.2f} of {r['bullets_before']:.2f} "
+                  f"bullets per {cfg.rule.group_by} (-{r['bullet_reduction_pct'] or 0:.1f}% bullets, "
+                  f"-{r['token_reduction_pct'] or 0:.1f}% tokens; {summary['duplicates']} duplicates) -> {cfg.out}",
+                  highlight=False)
+    warning = emptied_warning(summary)
+    if warning:
+        console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+    if "apply" in summary:
+        a = summary["apply"]
+        done = (f"deleted {a['deleted']} (archived in {a['archive']}; {a['already_deleted']} already gone)"
+                if a["mode"] == "delete" else f"flagged {a['flagged']} ({a['flagged_drop']} memprune_keep=false)")
+        console.print(f"applied to {cfg.input}: {done}", highlight=False)
+
+
+@app.command()
+def restore(
+    archive: Path = typer.Option(..., "--archive", help="An archive directory (`memprune prune --emit split`: OUT/dropped)."),
+    ids: Optional[Path] = typer.Option(None, "--ids", help="File of ids to restore, one per line."),
+    all_: bool = typer.Option(False, "--all", help="Restore every archived record."),
+    into: Optional[Path] = typer.Option(None, "--into", help="The store to restore into [default: the store the "
+                                                             "archive's run kept, e.g. OUT/kept]."),
+) -> None:
+    """Put archived (pruned) records back into their store, so a prune can be undone."""
+    from memprune.archive import read_ids
+    from memprune.archive import restore as restore_archive
+
+    if (ids is None) == (not all_):
+        fail("give exactly one of --ids FILE or --all")
+    with user_errors("restore"):
+        load_restorers()
+        summary = restore_archive(archive, None if all_ else read_ids(ids), **({"into": str(into)} if into else {}))
+    json.dump(summary, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def load_restorers() -> None:
+    """Import the packages that register archive restorers (bullets: memprune.prune; other stores: memprune.stores)."""
+    import importlib
+
+    for name in ("memprune.prune", "memprune.stores"):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+
+
+def _store_values(map_: Optional[str], apply: Optional[str]) -> dict[str, Any]:
+    """`--map` and `--apply` as config values (a bad --map is one error line)."""
+    from memprune.stores.config import StoreError, parse_map
+
+    values: dict[str, Any] = {"store.apply": apply}
+    if map_ is not None:
+        try:
+            values["store.map"] = parse_map(map_)
+        except StoreError as exc:
+            fail(str(exc))
+    return values
+
+
+@app.command()
+def score(
+    scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory."),
+    input: Optional[str] = typer.Option(None, "--input", "-i", help="KIND:LOCATION (table:, lance:, mem0:) or a bullets Parquet path."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: scores.parquet, score.json, score.md."),
+    map_: Optional[str] = typer.Option(None, "--map", help="Store columns: id=COL,text=COL,group=COL,time=COL."),
+    write: Optional[bool] = typer.Option(None, "--write/--no-write", help="Write memprune_score into the store [default: write]."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Add the scorer's score (and calibrated score, where the scorer has one) to a store, deciding nothing."""
+    from memprune.stores.config import ScoreConfig
+    from memprune.stores.stage import run_score
+
+    values = {"scorer": scorer, "input": input, "out": out, "write": write} | _store_values(map_, None)
+    values.pop("store.apply")
+    cfg, summary = run_stage(ScoreConfig, run_score, config, set_, values)
+    console.print(f"scored {summary['scored']} records of {cfg.input}; wrote {summary['written_to_store']} to the store "
+                  f"-> {cfg.out}", highlight=False)
