@@ -100,34 +100,21 @@ def _job(store: Store, config: Any, out: Path, rule: dict[str, Any],
     return exp, job, read_pruned(work / "prune")
 
 
-def _reasons(pruned: pa.Table, threshold: float | None) -> pa.Array:
-    """The prune job's `reason` column where it has one, else kept / below_threshold / top_k."""
-    if "reason" in pruned.column_names:
-        return pruned.column("reason").cast(pa.string())
-    keep = pruned.column("keep").to_numpy(zero_copy_only=False)
-    score = pruned.column("score").to_numpy()
-    below = score < threshold if threshold is not None else np.zeros(len(score), bool)
-    return pa.array(np.where(keep, "kept", np.where(below, "below_threshold", "top_k")).tolist(), pa.string())
-
-
 def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
     rule = config.rule.model_dump() | {"group_by": "conversation"}
     exp, job, pruned = _job(store, config, out, rule)
     cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
             "text": pruned.column("text"), "hash": pruned.column(HASH), "score": pruned.column("score"),
-            "keep": pruned.column("keep"), "reason": _reasons(pruned, config.rule.threshold)}
-    if "duplicate_of" in pruned.column_names:
-        cols["duplicate_of"] = pruned.column("duplicate_of").cast(pa.string())
+            "keep": pruned.column("keep"), "reason": pruned.column("reason").cast(pa.string()),
+            "duplicate_of": pruned.column("duplicate_of").cast(pa.string())}
     decision = pa.table(cols)
     rejected = [r for r in exp.rejects if r["id"]]
     if rejected:  # never decided, never touched: kept, with the reason
         n = len(rejected)
         extra = {"id": [r["id"] for r in rejected], "group": [r["group"] for r in rejected], "time": [None] * n,
                  "text": [None] * n, "hash": [None] * n, "score": pa.nulls(n, pa.float64()), "keep": [True] * n,
-                 "reason": [f"rejected: {r['reason']}" for r in rejected]}
-        if "duplicate_of" in cols:
-            extra["duplicate_of"] = [None] * n
+                 "reason": [f"rejected: {r['reason']}" for r in rejected], "duplicate_of": [None] * n}
         decision = pa.concat_tables([decision, pa.table(extra, schema=decision.schema)])
     kept = int(pc.sum(pruned.column("keep")).as_py() or 0)
     summary = dict(job)
