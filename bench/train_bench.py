@@ -70,11 +70,12 @@ def main() -> int:
     import ray
     import torch
 
+    from memprune.runtime import local_ray_options
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.train import TrainConfig, run_training
 
-    ray.init(address="local", num_cpus=max(2, args.threads), include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=max(2, args.threads), configure_logging=False, log_to_driver=False,
+             **local_ray_options())
     tmp = Path(tempfile.mkdtemp(prefix="train-bench-"))
     data, labels = (args.data, args.labels) if args.data else synthetic(tmp, args.conversations, args.sessions)
     out = args.out or tmp / "out"

@@ -109,12 +109,31 @@ def ensure_ray(address: str | None = None) -> None:
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     target = address or os.environ.get("RAY_ADDRESS") or "local"
-    quiet = {} if _VERBOSE else {"log_to_driver": False, "logging_level": logging.WARNING,
-                                 "runtime_env": {"env_vars": QUIET_ENV}}
-    ray.init(address=target, include_dashboard=False, configure_logging=False, **quiet)
+    options = local_ray_options() if target == "local" else {"include_dashboard": False}
+    if not _VERBOSE:
+        options.update(log_to_driver=False, logging_level=logging.WARNING)
+        options.setdefault("runtime_env", {"env_vars": {}})["env_vars"].update(QUIET_ENV)
+    ray.init(address=target, configure_logging=False, **options)
     _quiet_ray_data()
     if not _VERBOSE:
         _log_cluster_messages()
+
+
+def local_ray_options() -> dict[str, Any]:
+    """`ray.init` options of a new local instance: its own dashboard, and its processes pointed at it.
+
+    Ray's state API (Ray Train's placement-group cleaner asks it whether the controller lives) otherwise
+    finds its cluster through /tmp/ray/ray_current_cluster, which names whatever `ray start` ran last: a
+    dead cluster there stalls the end of every Ray Train run by 12 s, a live one is asked about actors it
+    has never seen.
+    """
+    import socket
+
+    with socket.socket() as sock:  # a free loopback port for the dashboard
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    return {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+            "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}}}
 
 
 def _log_cluster_messages() -> None:
@@ -122,7 +141,7 @@ def _log_cluster_messages() -> None:
     listener thread, even with log_to_driver off; when quiet, they go to the logging system (the log file)."""
     import ray._private.worker as ray_worker
 
-    log = logging.getLogger("ray.cluster_messages")
+    log = logging.getLogger("memprune.ray_cluster")  # not under "ray", whose own handler prints to stderr
 
     def to_log(data: Mapping[str, Any], ignore_prefix: bool = False) -> None:
         for line in data.get("lines", []):

@@ -82,8 +82,10 @@ def ray_local():
     """One local Ray instance (2 CPUs) shared by the tests that need Ray in-process."""
     import ray
 
+    from memprune.runtime import local_ray_options
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, log_to_driver=False, configure_logging=False, **local_ray_options())
     yield ray
     ray.shutdown()
 

@@ -290,7 +290,7 @@ def test_ray_train_runs_every_stage1_seed_in_one_run_and_resumes_after_a_kill(
         stages=["stage1"],
         seeds=[1, 0],  # seed 0 trains after seed 1 in the same process, and is killed there
         # on the CPU like the in-process reference run, so the losses can be compared exactly on a CUDA host too
-        ray={"num_workers": 1, "num_to_keep": 1, "max_failures": 1, "use_gpu": False},
+        ray={"stage1_workers": 1, "num_to_keep": 1, "max_failures": 1, "use_gpu": False},
         fault={"stage": "stage1", "seed": 0, "after_epoch": 1, "marker": str(marker)},
     )
     summary = run_training(cfg)

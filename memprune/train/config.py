@@ -62,13 +62,19 @@ class RayTrainSettings(ConfigModel):
     """How the trainers run: workers per trainer (0 = local mode, in-process), GPUs, fault tolerance."""
 
     address: str | None = Field(None, description="ray.init address; None = RAY_ADDRESS or a local instance")
-    num_workers: int = Field(1, ge=0)
+    num_workers: int = Field(1, ge=0, description="workers of each stage-2 run (one run per seed)")
+    stage1_workers: int = Field(
+        0, ge=0, description="workers of the stage-1 run (every seed's head on the cached embeddings, in turn); "
+        "0 = Ray Train's local mode in this process: a worker group costs more than heads this small")
     use_gpu: bool | Literal["auto"] = "auto"
     cpus_per_worker: float = Field(1.0, gt=0)
     max_concurrent: int | None = Field(None, ge=1, description="trainers at once; None = what the cluster fits")
     max_failures: int = Field(2, ge=-1)
     num_to_keep: int = Field(2, ge=1, description="checkpoints kept by validation loss (the latest is always kept)")
     storage_path: str | None = Field(None, description="Ray Train storage (shared on clusters); default OUT/ray")
+    poll_interval_s: float = Field(
+        0.5, gt=0, description="how often a Ray Train controller polls its workers (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): "
+        "each epoch's report waits for the next poll, up to 2 s at Ray's default; shorter polls cost the cluster CPU")
 
 
 class EmbedSettings(ConfigModel):

@@ -129,6 +129,7 @@ class StageSpec:
     init_from: str | None = None
     threads_from_workers: bool = False  # False: one torch thread (a head on [batch, d] only spins more)
     per_seed_run: bool = False  # one Ray Train run per seed (spread over GPUs); else every seed in one run
+    workers_key: str = "num_workers"  # the `ray` setting that sizes its Ray Train runs
 
     @property
     def trained(self) -> bool:
@@ -141,6 +142,10 @@ class StageSpec:
     def optim(self, cfg: TrainSettings) -> OptimConfig | None:
         """This stage's optimiser section (None for an untrained stage)."""
         return getattr(cfg, self.name) if self.trained else None
+
+    def workers(self, cfg: TrainSettings) -> int:
+        """Ray Train workers of this stage's runs (0: local mode, in-process)."""
+        return int(getattr(cfg.ray, self.workers_key))
 
     def threads(self, cfg: TrainSettings) -> int:
         return max(1, int(cfg.ray.cpus_per_worker)) if self.threads_from_workers else 1
@@ -163,7 +168,10 @@ class StageSpec:
         if self.settings:
             payload.update({s: _settings_payload(getattr(cfg, s)) for s in self.settings})
             payload["loss"] = cfg.loss.model_dump(mode="json")
-            payload["workers"] = cfg.ray.num_workers
+            payload["workers"] = max(1, self.workers(cfg))  # data shards: local mode and one worker train alike
+            start = STAGE_SPECS[self.init_from].workers(cfg) if self.init_from else 0
+            if start > 1:  # a sharded start stage; left out otherwise, so earlier runs stay valid
+                payload[f"{self.init_from}_workers"] = start
         return digest(payload)
 
 
@@ -179,7 +187,8 @@ def _settings_payload(section: OptimConfig) -> dict[str, Any]:
 
 STAGE_SPECS: dict[str, StageSpec] = {
     "vanilla": StageSpec("vanilla", None, "embedding", (), _predict_on_embeddings),
-    "stage1": StageSpec("stage1", HeadModel, "embedding", ("stage1",), _predict_on_embeddings),
+    "stage1": StageSpec("stage1", HeadModel, "embedding", ("stage1",), _predict_on_embeddings,
+                        workers_key="stage1_workers"),
     "stage2": StageSpec("stage2", LoraModel, "text", ("stage1", "stage2"), _predict_with_scorer, init_from="stage1",
                         threads_from_workers=True, per_seed_run=True),
 }

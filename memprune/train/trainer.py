@@ -9,6 +9,7 @@ fingerprint (data, settings, seed) is reused on a rerun instead of being trained
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,12 +142,13 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
             init_dirs[str(seed)] = str(init_dir)
     storage = storage_path(cfg)
     name = f"{spec.name}-seed{'-'.join(map(str, seeds))}-{digest(sorted(fps.values()))[:12]}"
-    local_mode = cfg.ray.num_workers == 0
+    workers = spec.workers(cfg)
+    local_mode = workers == 0
     gpu = not local_mode and use_gpu(cfg.ray.use_gpu)
     if local_mode:
         scaling = ScalingConfig(num_workers=0)
     else:
-        scaling = ScalingConfig(num_workers=cfg.ray.num_workers, use_gpu=gpu,
+        scaling = ScalingConfig(num_workers=workers, use_gpu=gpu,
                                 resources_per_worker={"CPU": cfg.ray.cpus_per_worker, **({"GPU": 1} if gpu else {})})
     loop = LoopConfig(
         stage=spec.name, seeds=seeds, scorer=cfg.scorer_config(spec.name, seeds[0]), optim=spec.optim(cfg),
@@ -173,6 +175,8 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
         dataset_config=DataConfig(datasets_to_split=[]),
     )
     threads = torch.get_num_threads()
+    # a worker's report waits for the controller's next poll, which reads this from the driver's environment
+    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(cfg.ray.poll_interval_s)
     try:
         result = trainer.fit()
     finally:
@@ -183,7 +187,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
         results = {seed: checkpoint.read_result(Path(d) / f"seed{seed}") for seed in seeds}
     retained = [{"path": ckpt.path, "seed": m.get("seed"), "epoch": m.get("epoch"), "val_loss": m.get("val_loss")}
                 for ckpt, m in result.best_checkpoints or []]
-    facts = {"run_name": name, "storage": storage, "num_workers": cfg.ray.num_workers, "use_gpu": gpu,
+    facts = {"run_name": name, "storage": storage, "num_workers": workers, "use_gpu": gpu,
              "local_mode": local_mode, "seeds_in_run": seeds, "checkpoints_retained": retained}
     return results, facts
 

@@ -185,4 +185,6 @@ class TuneConfig(TuneSettings):
         from memprune.train import TrainConfig
 
         base = (settings or self.train).model_dump(mode="json")
+        # a stage-1 run inside a trial reports to Tune from Ray Train workers (local mode cannot run in a trial)
+        base["ray"]["stage1_workers"] = max(1, base["ray"]["stage1_workers"], base["ray"]["num_workers"])
         return TrainConfig.model_validate({**base, "data": self.data, "labels": self.labels, "out": out})
