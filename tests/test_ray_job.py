@@ -72,10 +72,21 @@ def ray_head(tmp_path: Path):
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # its graceful stop waits on every process in turn (30 s and more)
+            pass
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # whatever of this cluster is still up
+        except ProcessLookupError:
+            pass
+        head.wait(timeout=60)
         log.close()
+        # `ray start` named this cluster in /tmp/ray/ray_current_cluster; forget it, as `ray stop` would
+        from ray._common.utils import get_ray_address_file
+
+        current = Path(get_ray_address_file(None))
+        if current.exists() and current.read_text().strip().endswith(f":{gcs}"):
+            current.unlink()
 
 
 RUNTIME_ENV = {"excludes": [".venv", ".git", "runs", "**/__pycache__", ".pytest_cache", ".hypothesis"],
