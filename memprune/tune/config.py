@@ -185,6 +185,7 @@ class TuneConfig(TuneSettings):
         from memprune.train import TrainConfig
 
         base = (settings or self.train).model_dump(mode="json")
-        # a stage-1 run inside a trial reports to Tune from Ray Train workers (local mode cannot run in a trial)
-        base["ray"]["stage1_workers"] = max(1, base["ray"]["stage1_workers"], base["ray"]["num_workers"])
+        # a stage-1 run inside a trial reports to Tune from Ray Train workers (local mode cannot run in a trial);
+        # one worker trains exactly as local mode does, so the chosen settings reproduce in `memprune train`
+        base["ray"]["stage1_workers"] = max(1, base["ray"]["stage1_workers"])
         return TrainConfig.model_validate({**base, "data": self.data, "labels": self.labels, "out": out})
