@@ -201,6 +201,9 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
          "labels.parquet", o),
         ("train-cpus", ["train", "--data", corpus, "--labels", labels, "--out", o, "--set", "ray.cpus_per_worker=64"],
          "ray.cpus_per_worker", o),
+        ("train-cpus-stage1", ["train", "--data", corpus, "--labels", labels, "--out", o, "--set", "ray.num_workers=0",
+                               "--set", "ray.stage1_workers=1", "--set", "ray.cpus_per_worker=64"],
+         "ray.cpus_per_worker", o),
         ("train-gpu", ["train", "--data", corpus, "--labels", labels, "--out", o, "--set", "ray.use_gpu=true"],
          "ray.use_gpu", o),
         # evaluate

@@ -124,7 +124,7 @@ def _requests(cfg: TrainConfig) -> dict[str, dict[str, float]]:
     requests: dict[str, dict[str, float]] = {"embed.cpus_per_actor": {"CPU": cfg.embed.cpus_per_actor}}
     if cfg.embed.use_gpu is True:
         requests["embed.use_gpu"] = {"GPU": 1}
-    if cfg.ray.num_workers > 0:
+    if cfg.ray.num_workers > 0 or cfg.ray.stage1_workers > 0:
         requests["ray.cpus_per_worker"] = {"CPU": cfg.ray.cpus_per_worker}
         if cfg.ray.use_gpu is True:
             requests["ray.use_gpu"] = {"GPU": 1}
