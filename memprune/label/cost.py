@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from memprune.encoders import model_label, resolve_encoder
+from memprune.label.config import LabelError
 from memprune.label.listwise import ScoredList, build_lists, output_budget
 from memprune.label.pairs import PairPlan, target_groups
 from memprune.llm.prompts import (
@@ -63,12 +64,7 @@ class PromptCounter:
             self.name = f"{model_label(model)} (the judge model's tokenizer)"
         else:
             where = str(Path(fallback).expanduser()) if fallback else resolve_encoder(None)
-            if Path(where).is_file():  # a tokenizer.json
-                from transformers import PreTrainedTokenizerFast
-
-                self.tokenizer = PreTrainedTokenizerFast(tokenizer_file=where)
-            else:
-                self.tokenizer = AutoTokenizer.from_pretrained(where)
+            self.tokenizer = _fallback_tokenizer(where)
             why = "the judge model's tokenizer is not local" if model is not None else "no judge model given"
             self.name = f"{model_label(where)} (fallback: {why})"
         self.chat = bool(getattr(self.tokenizer, "chat_template", None))
@@ -97,6 +93,23 @@ class PromptCounter:
     def count_exact(self, texts: Sequence[str]) -> np.ndarray:
         """Tokens per text, each text tokenized whole (the reference of `line_split_error`)."""
         return np.array([len(ids) for ids in self._encode(list(texts))], dtype=np.int64)
+
+
+def _fallback_tokenizer(where: str) -> Any:
+    """The tokenizer at `where` (a tokenizer.json or a tokenizer directory); a path that holds none is one
+    LabelError naming `cost.tokenizer`, not the loader's traceback (nothing is ever downloaded)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        if Path(where).is_file():  # a tokenizer.json
+            return PreTrainedTokenizerFast(tokenizer_file=where)
+        return AutoTokenizer.from_pretrained(where)
+    except Exception as exc:  # OSError (no such path/repo), ValueError or the tokenizers' parse error (not a tokenizer)
+        path_like = Path(where).is_absolute() or where.startswith((".", "~"))  # not a (cached) hub id
+        reason = "no such file or directory" if path_like and not Path(where).exists() else \
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        raise LabelError(f"cost.tokenizer (--plan-tokenizer) {where!r} cannot be loaded: give a local tokenizer.json or "
+                         f"a tokenizer directory ({reason})") from None
 
 
 def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:

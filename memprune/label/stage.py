@@ -52,6 +52,15 @@ PAIRS_OUT = PAIRS.append(pa.field("horizon", pa.int32(), nullable=False)).append
     pa.field("judge_mode", pa.string(), nullable=False))
 
 
+def _out_dir(cfg: LabelConfig) -> Path:
+    """`cfg.out`, refused up front when it is a file or the corpus itself: the label step's outputs and its
+    manifest (`.memprune.json`) would replace the corpus's own, and the corpus would no longer be one."""
+    out = check_out(cfg.out, "label")
+    if out.resolve() == Path(cfg.data).resolve():
+        raise LabelError(f"{out}: the label output directory (--out) must differ from the data directory (--data)")
+    return out
+
+
 def _inputs(cfg: LabelConfig) -> tuple[pa.Table, pa.Table, dict[str, str]]:
     data = Path(cfg.data)
     sessions_path, bullets_path = data / "sessions.parquet", data / "bullets.parquet"
@@ -113,7 +122,7 @@ def _consensus_modes(judged: Any) -> list[str]:
 def run_judge(cfg: LabelConfig) -> dict[str, Any]:
     """Run the labeling stage described by `cfg`; return the `label.json` summary."""
     started = time.perf_counter()
-    out = check_out(cfg.out, "label")
+    out = _out_dir(cfg)
     sessions, bullets, inputs = _inputs(cfg)
     if cfg.judge != "similarity":
         from memprune.label.consensus import judge_specs
@@ -192,7 +201,7 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
     from memprune.label.cost import MODES, PromptCounter, plan_mode
 
     started = time.perf_counter()
-    out = Path(cfg.out)
+    out = _out_dir(cfg)
     sessions, bullets, inputs = _inputs(cfg)
     plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=True)
     has_llm = bool(cfg.llm or cfg.llm_config or cfg.judge_set)
@@ -235,7 +244,7 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
     be used are written to `OUT/rejects.jsonl` with file, record, field and reason.
     """
     started = time.perf_counter()
-    data, out = Path(cfg.data), check_out(cfg.out, "label")
+    data, out = Path(cfg.data), _out_dir(cfg)
     bullets_path = data / "bullets.parquet"
     bullets = read_table(bullets_path, "bullets")
     inputs: dict[str, str] = {"bullets.parquet": file_digest(bullets_path)}
