@@ -60,6 +60,10 @@ def test_budget_prefix_and_reason():
                      tokens=np.array([4, 7, 2, 1]))
     # best first while the running total stays within 10: 4 fits, +7 does not, so the group stops there
     assert d.keep.tolist() == [True, False, False, False] and d.reason[1:].tolist() == ["over_budget"] * 3
+    # a prefix that fills B exactly is kept whole (the bound is <= B, not < B, nor a fraction of B)
+    d = apply_policy(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10),
+                     tokens=np.array([4, 6, 1, 0]))
+    assert d.keep.tolist() == [True, True, False, False] and d.reason[2:].tolist() == ["over_budget"] * 2
     with pytest.raises(ValueError, match="token count"):
         apply_policy(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10))
 
@@ -115,6 +119,18 @@ def test_budget_never_exceeds_b_in_any_group(store, budget, min_keep, floor, ded
     kept = d.keep & ~d.rescued
     spent = np.bincount(codes[kept], weights=tokens[kept], minlength=n_groups)
     assert (spent <= budget).all()  # never over B, except what min-keep alone brought back
+    # ... and as much as B allows: the policy kept a prefix of the ranking of the bullets it ranked, and the
+    # next-ranked one (gone over budget, or back only through min-keep) would have overflowed B
+    ranked = (d.duplicate_of < 0) & (scores >= (-np.inf if floor is None else floor))  # min-keep clears reasons
+    policy_rank = rank_within_groups(np.where(ranked, scores, -np.inf), group_codes(codes))
+    for g in np.unique(codes):
+        mine = codes == g
+        passed = np.flatnonzero(mine & ranked & ~kept)
+        if not len(passed):
+            continue
+        assert policy_rank[mine & kept].max(initial=-1) < policy_rank[passed].min()  # a prefix
+        nxt = passed[np.argmin(policy_rank[passed])]
+        assert spent[g] + tokens[nxt] > budget, (g, spent[g], tokens[nxt], budget)
     rank = rank_within_groups(np.where(d.duplicate_of >= 0, -np.inf, scores), group_codes(codes))
     assert (d.rescued <= (rank < min_keep)).all()
     if min_keep == 0:
