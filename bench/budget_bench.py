@@ -93,7 +93,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     randoms = [kept_stats(apply_policy(rng.random(len(scores)), codes, rule.model_copy(update={"dedup": False}),
                                        tokens).keep, relevant, tokens, codes) for _ in range(args.random_seeds)]
-    paper = apply_policy(scores, codes, PruneRule.of(threshold=0.5, top_k=5, dedup=False)).keep
+    paper = apply_policy(scores, codes, PruneRule.of(threshold=0.5, top_k=5, dedup=False, min_keep=0)).keep
     rand_rel = np.array([r["relevant_kept"] for r in randoms], dtype=np.float64)
     job = kept_stats(keep, relevant, tokens, codes)
     result = {

@@ -105,8 +105,10 @@ def read_ids(path: str | Path) -> list[str]:
     return [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
 
 
-# Store kinds whose restorer registers itself when its module is imported (the stores package).
-PROVIDERS = {"table": "memprune.stores.table", "lance": "memprune.stores.lance_store", "mem0": "memprune.stores.mem0_store"}
+# Where each archive kind's restorer registers itself when imported: memprune's own bullets stores
+# (`--emit split`) and the external stores (every `memprune.stores` kind registers with its class).
+PROVIDERS = {"bullets": "memprune.prune.split", "table": "memprune.stores", "lance": "memprune.stores",
+             "mem0": "memprune.stores"}
 Restorer = Callable[[Archive, dict[str, Any]], dict[str, Any]]
 _RESTORERS: dict[str, Restorer] = {}
 

@@ -9,12 +9,14 @@ leaves a mix of old and new tables that a later step would read.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
@@ -70,19 +72,24 @@ FILE_MODE = _file_mode()  # what a plain `open` would create (mkstemp-style temp
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], keep_mode: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
 
-    The file gets the permissions a plain `open` would give it (0666 minus the umask).
+    The file gets the permissions a plain `open` would give it (0666 minus the umask); with
+    `keep_mode` a file that exists keeps its own mode and owner (a user's store file rewritten).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    before = target.stat() if keep_mode and target.exists() else None
     tmp = target.parent / temp_name(target.name)
     tmp.touch()
     try:
         yield tmp
         if tmp.exists():
-            os.chmod(tmp, FILE_MODE)
+            os.chmod(tmp, FILE_MODE if before is None else stat.S_IMODE(before.st_mode))
+            if before is not None and hasattr(os, "chown"):
+                with contextlib.suppress(OSError):  # only root may give a file to another owner
+                    os.chown(tmp, before.st_uid, before.st_gid)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -260,8 +267,14 @@ def write_summary(out: str | os.PathLike[str], name: str, summary: Mapping[str, 
     write_text(Path(out) / f"{name}.md", markdown)
 
 
+URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://b/x, and s3:/b/x as a Path makes of it
+
+
 def check_out(out: str | os.PathLike[str], step: str) -> Path:
-    """`out` as a Path, refused up front (before any work) when it exists and is not a directory."""
+    """`out` as a Path, refused up front (before any work) when it is a URI, or exists and is not a directory."""
+    if URI.match(str(out)):
+        raise MemPruneError(f"--out {out}: object-storage outputs (URIs) are not supported by the {step} step here; "
+                            "give a local directory or a shared filesystem path")
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise MemPruneError(f"{p}: is a file; the {step} output directory (--out) must be a directory")

@@ -96,6 +96,10 @@ def _quiet_ray_data() -> None:
             handler.setLevel(logging.WARNING)
 
 
+class RayStartError(MemPruneError):
+    """Ray could not be started or reached; the message says which and what to check."""
+
+
 def ensure_ray(address: str | None = None) -> None:
     """Connect to `address` (or RAY_ADDRESS), else start an embedded local Ray; no-op when connected.
 
@@ -113,7 +117,13 @@ def ensure_ray(address: str | None = None) -> None:
     if not _VERBOSE:
         options.update(log_to_driver=False, logging_level=logging.WARNING)
         options.setdefault("runtime_env", {"env_vars": {}})["env_vars"].update(QUIET_ENV)
-    ray.init(address=target, configure_logging=False, **options)
+    try:
+        ray.init(address=target, configure_logging=False, **options)
+    except Exception as exc:  # a dashboard or raylet that does not come up, an unreachable address: one line
+        what = "start a local Ray instance" if target == "local" else f"connect to the Ray cluster at {target}"
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise RayStartError(f"cannot {what}: {first[:300]} (a loaded machine: retry; a cluster: check "
+                            "RAY_ADDRESS / --set ray_address)") from exc
     _quiet_ray_data()
     if not _VERBOSE:
         _log_cluster_messages()

@@ -227,8 +227,8 @@ def test_score_writes_scores_into_a_jsonl_table(ray_local, scorer_dir, tmp_path)
     assert len(scores) == 3 and {s["id"] for s in scores} == {"m0", "m1", "m2"}
     assert {r["mid"]: r["memprune_score"] for r in rows[:3]} == pytest.approx({s["id"]: s["memprune_score"] for s in scores})
     assert all(0 <= r["memprune_score"] <= 1 and "keep" not in r for r in rows[:3])
-    # the row without text is a counted reject, not scored
-    assert rows[3] == {"mid": "m3", "memory": None, "user": "u", "memprune_score": None}
+    # the row without text is a counted reject, not scored, and its line is left exactly as it was
+    assert store.read_text().splitlines()[3] == json.dumps({"mid": "m3", "memory": None, "user": "u"})
     rejects = [json.loads(ln) for ln in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert rejects == [{"id": "m3", "group": "u", "reason": "text (memory) is null"}]
     assert json.loads((tmp_path / "out" / "score.json").read_text())["store"]["rejected"] == 1

@@ -16,7 +16,8 @@ from memprune.cli import CONFIG, SET, _top_k, app, console, fail, run_stage, use
 @app.command()
 def prune(
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
-    input: Optional[Path] = typer.Option(None, "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or corpus dir."),
+    input: Optional[str] = typer.Option(None, "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or "
+                                                                     "corpus dir; or an external store KIND:LOCATION."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: pruned/ (store + score, keep, reason), prune.json, prune.md."),
     policy: Optional[str] = typer.Option(None, "--policy", help="rule (threshold then top-k, the paper's), budget or "
                                                                  "fraction [default: rule]."),
@@ -26,7 +27,8 @@ def prune(
                                                                               "(implies --policy budget)."),
     fraction: Optional[float] = typer.Option(None, "--fraction", help="fraction: keep the top ceil(q*n) of each group "
                                                                        "(implies --policy fraction)."),
-    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Never leave a group with fewer than m bullets [default: 0]."),
+    min_keep: Optional[int] = typer.Option(None, "--min-keep", help="Never leave a group with fewer than m bullets; 0 lets "
+                                                                     "a group be emptied [default: 1]."),
     floor: Optional[float] = typer.Option(None, "--floor", help="Any policy: drop bullets scored below this."),
     dedup_threshold: Optional[float] = typer.Option(None, "--dedup-threshold", help="Cosine of the scorer's embeddings at "
                                                     "which bullets of a group are near-duplicates (merged first)."),
@@ -38,7 +40,8 @@ def prune(
     group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
     score: Optional[str] = typer.Option(None, "--score", help="auto (calibrated where the scorer has calibration.json), raw or calibrated [default: auto]."),
     map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
-    apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records."),
+    apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records of the "
+                                                      "decision in --out (decide without --apply first; name the policy)."),
     apply_flag: bool = typer.Option(False, "--apply-flag", help="External store: set memprune_keep/memprune_score instead."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
@@ -71,6 +74,13 @@ def prune(
         done = (f"deleted {a['deleted']} (archived in {a['archive']}; {a['already_deleted']} already gone)"
                 if a["mode"] == "delete" else f"flagged {a['flagged']} ({a['flagged_drop']} memprune_keep=false)")
         console.print(f"applied to {cfg.input}: {done}", highlight=False)
+    elif "decision" in summary:
+        from memprune.stores.report import group_lines
+
+        for line in group_lines(summary):
+            console.print(line, highlight=False)
+        console.print(f"the store is unchanged; read {cfg.out}/prune.md, then rerun with --apply (or --apply-flag)",
+                      highlight=False)
 
 
 @app.command()

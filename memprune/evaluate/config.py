@@ -23,7 +23,7 @@ class EvaluationError(MemPruneError):
 class EvalSettings(ConfigModel):
     """Every option of `memprune evaluate` except the paths (the pipeline's `evaluate:` section)."""
 
-    rule: PruneRule = Field(default_factory=PruneRule,
+    rule: PruneRule = Field(default_factory=lambda: PruneRule(min_keep=0),
                             description="the pruning rule of the main pruning table (threshold) and of the sweep (top-k); "
                                         "the paper's rule only (dedup is not applied)")
     ks: tuple[int, ...] = KS

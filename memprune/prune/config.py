@@ -49,8 +49,9 @@ class PruneRule(ConfigModel):
     top_k: int | None = Field(5, ge=1, description="rule: keep at most k bullets per group; null = no cap")
     budget_tokens: int | None = Field(None, ge=0, description="budget: kept tokens per group never exceed this")
     fraction: float | None = Field(None, gt=0.0, le=1.0, description="fraction: keep the top ceil(q * n) of each group")
-    min_keep: int = Field(0, ge=0, description="never leave a group with fewer than m bullets if it had them "
-                                               "(wins over floor, threshold and budget)")
+    min_keep: int = Field(1, ge=0, description="never leave a group with fewer than m bullets if it had them "
+                                               "(wins over floor, threshold and budget); the default 1 never empties a "
+                                               "group, 0 allows it (the paper's rule)")
     floor: float | None = Field(None, ge=0.0, le=1.0, description="any policy: drop bullets scored below this")
     dedup: bool = Field(True, description="merge exact and near-duplicate bullets of a group before deciding")
     dedup_threshold: float = Field(DEDUP_THRESHOLD, gt=0.0, le=1.0,
@@ -160,3 +161,10 @@ class PruneConfig(PruneSettings):
     out: str = Field(description="output directory: pruned/ (the store), prune.json, prune.md")
     store: StoreOptions = Field(default_factory=StoreOptions,
                                 description="external stores only: column map, --apply mode (memprune.stores)")
+
+    @model_validator(mode="after")
+    def _dry_run_or_apply(self) -> "PruneConfig":
+        if self.dry_run and self.store.apply != "none":
+            raise ValueError("dry_run and store.apply exclude each other: a dry run never changes a store "
+                             "(decide without --apply, read prune.md, then --apply)")
+        return self

@@ -95,6 +95,7 @@ def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
 def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
     from memprune.stores.config import split_input
+    from memprune.stores.stage import check_out_outside
 
     if split_input(config.input) is not None:  # an external store (KIND:LOCATION): decision + optional apply
         from memprune.stores.stage import run_prune
@@ -104,6 +105,8 @@ def run(config: PruneConfig) -> dict[str, Any]:
         raise PruneError(f"{config.input}: --apply and --map are for external stores (table:, lance:, mem0: inputs)")
     started = time.perf_counter()
     out = check_out(config.out, "prune")
+    if not (Path(config.input) / "bullets.parquet").is_file():  # a directory read whole (a corpus dir reads one file)
+        check_out_outside(out, config.input, "input store")
     check_unit(config.tokenizer)
     scorer_info = check_scorer(config.scorer)
     scores_used = score_mode(config, scorer_info)

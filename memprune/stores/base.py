@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memprune.archive import Archive, read_archive, register_restorer
 from memprune.stores.config import FIELDS, StoreError
 
 NORMAL = pa.schema([
@@ -58,8 +59,8 @@ def normalize(batch: pa.RecordBatch | pa.Table, mapping: dict[str, str], where: 
         if name is None:
             continue
         if name not in names:
-            if field == "time" and "time" not in mapping.get("_given", ""):
-                continue  # the default time column is optional
+            if field in mapping.get("_optional", "").split(","):
+                continue  # the kind's default time column is optional
             raise StoreError(f"{where}: column {name!r} (mapped to {field}) missing; columns: {', '.join(names)}")
         col = batch.column(names.index(name))
         cols[field] = _as_string(col, name, field, where, text_only=field == "text")
@@ -88,8 +89,10 @@ class Store(ABC):
 
     def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
         self.location = location
-        given = dict(mapping or {})
-        self.mapping = {**self.defaults, **given, "_given": ",".join(sorted(given))}
+        fields = {**self.defaults, **(mapping or {})}
+        # A time column is optional under the kind's default name (also when a mapping read back names it).
+        self.optional = {"time"} if fields["time"] == self.defaults["time"] else set()
+        self.mapping = {**fields, "_optional": ",".join(sorted(self.optional))}
 
     @property
     def fields(self) -> dict[str, str]:
@@ -138,8 +141,12 @@ class Store(ABC):
         """Set columns/metadata (`values`: `id` + memprune_* columns) on the records with those ids."""
 
     @abstractmethod
-    def insert(self, records: pa.Table) -> int:
-        """Put archived records (as `fetch` returned them) back; returns how many."""
+    def insert(self, records: pa.Table, archived: pa.Table | None = None) -> int:
+        """Put archived records (as `fetch` returned them) back; returns how many.
+
+        `archived`: every record of the archive (a superset of `records`), for stores that put records
+        back where they were (a table file's order).
+        """
 
     def close(self) -> None:
         """Release the store (locks, clients)."""
@@ -149,9 +156,32 @@ _KINDS: dict[str, type[Store]] = {}
 
 
 def register(cls: type[Store]) -> type[Store]:
-    """Class decorator: make a store kind openable by `open_store`."""
+    """Class decorator: make a store kind openable by `open_store` and its archives restorable."""
     _KINDS[cls.kind] = cls
+    register_restorer(cls.kind, restore_into)
     return cls
+
+
+def restore_into(archive: Archive, options: dict[str, Any]) -> dict[str, Any]:
+    """The restorer of every store kind: re-insert the archive's records that the store lacks (again: nothing)."""
+    desc = archive.store
+    store = open_store(desc["kind"], desc["location"], desc.get("map"))
+    try:
+        records = archive.records
+        ids = records.column(archive.id_column).cast(pa.string())
+        present_tbl = store.fetch(ids.to_pylist()) if records.num_rows else None
+        present = (pa.array([], pa.string()) if present_tbl is None or present_tbl.num_rows == 0 else
+                   present_tbl.column(archive.id_column).cast(pa.string()))
+        todo = records.filter(pc.invert(pc.is_in(ids, present)))
+        every = read_archive(archive.path).records  # where each archived record stood, also those not restored now
+        batch = int(options.get("batch", 256))
+        restored = 0
+        for start in chunks(range(todo.num_rows), batch):
+            restored += store.insert(todo.slice(start[0], len(start)), every)
+    finally:
+        store.close()
+    return {"kind": desc["kind"], "location": desc["location"], "archive": str(archive.path),
+            "restored": restored, "already_present": records.num_rows - todo.num_rows}
 
 
 def open_store(kind: str, location: str, mapping: dict[str, str] | None = None) -> Store:

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memprune.archive import DECISION_COLUMNS, Archive, register_restorer
+from memprune.archive import DECISION_COLUMNS
 from memprune.stores.base import Partition, Store, chunks, register, sql_in
 from memprune.stores.config import StoreError
 
@@ -46,7 +46,7 @@ class LanceStore(Store):
         self.ds = _open(location)
         names = self.ds.schema.names
         for field, col in self.fields.items():
-            if col not in names and not (field == "time" and "time" not in self.mapping["_given"]):
+            if col not in names and field not in self.optional:
                 raise StoreError(f"lance:{location}: column {col!r} (mapped to {field}) missing; columns: {', '.join(names)}")
         self.columns = [c for c in dict.fromkeys(self.fields.values()) if c in names]
 
@@ -88,7 +88,7 @@ class LanceStore(Store):
         self.ds = _open(self.location)
         return values.num_rows
 
-    def insert(self, records: pa.Table) -> int:
+    def insert(self, records: pa.Table, archived: pa.Table | None = None) -> int:
         import lance
 
         self.ds = _open(self.location)
@@ -100,13 +100,3 @@ class LanceStore(Store):
         lance.write_dataset(rows.select(schema.names).cast(schema), self.location, mode="append")
         self.ds = _open(self.location)
         return rows.num_rows
-
-
-def restore_lance(archive: Archive, options: dict) -> dict:  # type: ignore[type-arg]
-    """The `lance` restorer: append archived rows to the dataset again (ids already there are skipped)."""
-    from memprune.stores.restore import restore_into
-
-    return restore_into(archive, options)
-
-
-register_restorer("lance", restore_lance)

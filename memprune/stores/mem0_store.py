@@ -18,7 +18,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprune.archive import Archive, register_restorer
 from memprune.stores.base import Partition, Store, register
 from memprune.stores.config import StoreError
 
@@ -141,7 +140,7 @@ class Mem0Store(Store):
             self.vs.update(vector_id=mid, payload={**(current.payload or {}), **row})
         return len(rows)
 
-    def insert(self, records: pa.Table) -> int:
+    def insert(self, records: pa.Table, archived: pa.Table | None = None) -> int:
         for row in records.to_pylist():
             payload = json.loads(row[PAYLOAD])
             vector = row.get(VECTOR)
@@ -158,13 +157,3 @@ class Mem0Store(Store):
         client = getattr(self.vs, "client", None)
         if client is not None and hasattr(client, "close"):
             client.close()
-
-
-def restore_mem0(archive: Archive, options: dict) -> dict:  # type: ignore[type-arg]
-    """The `mem0` restorer: re-insert archived memories (payload, vector, id) that the store lacks."""
-    from memprune.stores.restore import restore_into
-
-    return restore_into(archive, options)
-
-
-register_restorer("mem0", restore_mem0)

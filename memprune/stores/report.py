@@ -16,7 +16,25 @@ def store_section(summary: dict[str, Any]) -> str:
              f"- decision: kept {d['kept']}, dropped {d['dropped']} of {d['decided']} (decision.parquet)",
              f"- fingerprint: `{s['fingerprint']}` (`--apply` refuses a store that no longer matches it)",
              f"- read / scan / sort: {', '.join(f'{k} {fmt(v)}' for k, v in s['export_timing'].items())}", ""]
+    g = d.get("groups")
+    if g:
+        lines += ["## Per group", "",
+                  f"{g['groups']} groups; kept per group {g['kept_min']}-{g['kept_max']}; {g['emptied']} left empty. "
+                  f"The {len(g['most_dropped'])} that lose the most:", "",
+                  "| group | records | kept | dropped |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['group']} | {r['records']} | {r['kept']} | {r['records'] - r['kept']} |" for r in g["most_dropped"]]
+        lines.append("")
     return "\n".join(lines)
+
+
+def group_lines(summary: dict[str, Any], show: int = 5) -> list[str]:
+    """What `memprune prune` prints of a store decision's groups, so a dry run is read before `--apply`."""
+    g = summary.get("decision", {}).get("groups")
+    if not g:
+        return []
+    worst = ", ".join(f"{r['group']} {r['records']}->{r['kept']}" for r in g["most_dropped"][:show])
+    return [f"{g['groups']} groups: kept {g['kept_min']}-{g['kept_max']} each, {g['emptied']} left empty; "
+            f"most dropped: {worst}"]
 
 
 def render_score(summary: dict[str, Any]) -> str:

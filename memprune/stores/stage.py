@@ -56,23 +56,52 @@ def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | 
     return None
 
 
+POLICY_FIELDS = ("policy", "threshold", "top_k", "budget_tokens", "fraction")
+
+
+def check_out_outside(out: Path, location: str, what: str) -> None:
+    """Refuse an output directory inside (or equal to) the store it reads: the store would read memprune's own files."""
+    loc = Path(location)
+    if not loc.exists():
+        return
+    o, l = out.resolve(), loc.resolve()
+    if o == l or l in o.parents:
+        raise StoreError(f"--out {out}: inside the {what} {location}; memprune would read its own outputs as store "
+                         "records (and an apply would delete them). Put --out outside the store")
+
+
+def _check_request(config: Any, out: Path) -> None:
+    """`--apply` changes a user's store: only with a policy the user named, and a decision they could read first."""
+    if config.rule.group_by != "conversation" and "group_by" in config.rule.model_fields_set:
+        raise StoreError(f"rule.group_by {config.rule.group_by}: an external store's groups are its `--map group=` "
+                         "column; leave --group-by unset")
+    if config.store.apply == "none":
+        return
+    if not set(POLICY_FIELDS) & config.rule.model_fields_set:
+        raise StoreError("--apply changes the store, so it does not run on the default policy: name it (--top-k K, "
+                         "--threshold T, --budget-tokens B or --fraction q; a group of hundreds of memories is not a "
+                         "session of 7); nothing was changed")
+    if not (out / "decision.parquet").is_file():
+        raise StoreError(f"{out}: no decision to apply yet; run the same command without --apply first (it writes the "
+                         "decision and its counts per group to prune.md), read it, then add --apply; nothing was changed")
+
+
 def run_prune(config: Any) -> dict[str, Any]:
-    """Decide on the store of `config.input` (a `PruneConfig`), write the decision, apply it if asked."""
+    """Decide on the store of `config.input` (a `PruneConfig`) and write the decision; or apply the decision in OUT."""
     out = check_out(config.out, "prune")
     store = _open(config.input, config.store)
     try:
+        check_out_outside(out, store.location, f"{store.kind} store")
+        _check_request(config, out)
+        if config.store.apply == "none":
+            return _decide(store, config, out)
         decision = out / "decision.parquet"
-        if config.store.apply != "none" and decision.is_file():
-            check_committed(decision)
-            summary = json.loads((out / "prune.json").read_text(encoding="utf-8"))
-            why = _same_decision(summary, config, store)
-            if why is not None:
-                raise StoreError(f"{out}: holds another decision ({why}); use a new --out; nothing was changed")
-            summary["apply"] = apply_decision(store, out, summary, config.store)
-            return summary
-        summary = _decide(store, config, out)
-        if config.store.apply != "none":
-            summary["apply"] = apply_decision(store, out, summary, config.store)
+        check_committed(decision)
+        summary = json.loads((out / "prune.json").read_text(encoding="utf-8"))
+        why = _same_decision(summary, config, store)
+        if why is not None:
+            raise StoreError(f"{out}: holds another decision ({why}); use a new --out; nothing was changed")
+        summary["apply"] = apply_decision(store, out, summary, config.store)
         return summary
     finally:
         store.close()
@@ -125,7 +154,8 @@ def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
                         "usable": exp.usable, "rejected": len(exp.rejects), "rejected_without_id": exp.rejected_without_id,
                         "export_timing": {k: round(v, 3) for k, v in exp.timing.items()}}
     summary["decision"] = {"decided": pruned.num_rows, "kept": kept, "dropped": pruned.num_rows - kept,
-                           "untouched_rejects": len(rejected), "seconds": round(time.perf_counter() - started, 3)}
+                           "untouched_rejects": len(rejected), "groups": group_counts(pruned),
+                           "seconds": round(time.perf_counter() - started, 3)}
     summary["config"] = config.model_dump(mode="json")
     with OutputSet(out, "prune") as outputs:
         pq.write_table(decision, outputs.path("decision.parquet"))
@@ -136,6 +166,17 @@ def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
         write_summary(outputs.staging, "prune", summary, render_markdown(shown) + store_section(summary))
     _clean(out)
     return summary
+
+
+def group_counts(pruned: pa.Table, show: int = 20) -> dict[str, Any]:
+    """Per group (user, agent, ...): records and kept; the `show` groups that lose the most, for the dry-run review."""
+    counts = pruned.group_by("conversation_id").aggregate([("keep", "count"), ("keep", "sum")])
+    groups, n, k = (counts.column(c).to_pylist() for c in ("conversation_id", "keep_count", "keep_sum"))
+    rows = sorted(({"group": g, "records": a, "kept": b or 0} for g, a, b in zip(groups, n, k)),
+                  key=lambda r: (r["kept"] - r["records"], str(r["group"])))
+    return {"groups": len(rows), "emptied": sum(1 for r in rows if r["records"] and not r["kept"]),
+            "kept_min": min((r["kept"] for r in rows), default=0), "kept_max": max((r["kept"] for r in rows), default=0),
+            "most_dropped": rows[:show]}
 
 
 def _clean(out: Path) -> None:
@@ -162,6 +203,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
     out = check_out(config.out, "score")
     store = _open(config.input, config.store)
     try:
+        check_out_outside(out, store.location, f"{store.kind} store")
         rule = {"threshold": None, "top_k": None, "group_by": "conversation", "dedup": False}
         exp, job, pruned = _job(store, config, out, rule, score="raw")
         scores = pruned.column("score").to_numpy()

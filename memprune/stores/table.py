@@ -1,8 +1,12 @@
 """The `table` store: Parquet, JSONL or CSV files (or a directory of them) with a column mapping.
 
-Each file is a partition. Writes rewrite a whole file atomically (temp file + rename), so a
-crash leaves every file either old or new and a rerun finishes the rest. Archived records keep
-the file they came from (`memprune_file`) so `restore` appends them to it again.
+Each file is a partition. A write changes only the records it names and nothing else: CSV and
+JSONL files are edited record by record in their own text (`memprune.stores.records`: no type
+inference, no re-serialisation), Parquet files are filtered with their own schema and codec. Every
+rewrite is atomic (temp file + rename) and keeps the file's mode and owner, so a crash leaves each
+file either old or new and a rerun finishes the rest. Archived records keep the file they came from
+(`memprune_file`), their position in it (`memprune_position`) and, for CSV and JSONL, their exact
+text (`memprune_raw`), so `restore` puts each one back where it was, byte for byte.
 """
 
 from __future__ import annotations
@@ -10,20 +14,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pcsv
-import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from memprune.archive import DECISION_COLUMNS, Archive, register_restorer
-from memprune.io import atomic_path, jsonable
+from memprune.archive import DECISION_COLUMNS
+from memprune.io import atomic_path
+from memprune.stores import records as rec
 from memprune.stores.base import Partition, Store, register
 from memprune.stores.config import StoreError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
-FILE = "memprune_file"
+FILE, POSITION, RAW = "memprune_file", "memprune_position", "memprune_raw"
+LOCATOR = (FILE, POSITION, RAW)
+BATCH = 65_536
 
 
 def _format(path: Path) -> str:
@@ -33,58 +40,92 @@ def _format(path: Path) -> str:
     return fmt
 
 
-def read_file(path: Path) -> pa.Table:
-    """One whole file of the table store as Arrow."""
-    fmt = _format(path)
+def _parse(path: Path, id_column: str) -> rec.RecordFile:
+    """A CSV or JSONL file as record chunks; a record that cannot be parsed is one error naming the file."""
     try:
-        if fmt == "parquet":
-            return pq.read_table(path)
-        if fmt == "jsonl":
-            return pjson.read_json(path) if path.stat().st_size else pa.table({})
-        return pcsv.read_csv(path)
+        return rec.parse(path, _format(path), id_column)
+    except rec.RecordError as exc:
+        raise StoreError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _parquet(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise StoreError(f"{path}: cannot read as {fmt}: {str(exc).splitlines()[0]}") from None
+        raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
 
-def _columns(path: Path) -> list[str]:
-    """The column names of a file (Parquet: its footer; CSV: its header; JSONL: the keys of its records)."""
-    fmt = _format(path)
-    try:
-        if fmt == "parquet":
+def _columns(path: Path, id_column: str) -> list[str]:
+    """The column names of a file (Parquet: its footer; CSV: its header; JSONL: every key of its records)."""
+    if _format(path) == "parquet":
+        try:
             return pq.ParquetFile(path).schema_arrow.names
-        if fmt == "csv":
-            return pcsv.open_csv(path).schema.names
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise StoreError(f"{path}: cannot read as {fmt}: {str(exc).splitlines()[0]}") from None
-    return read_file(path).column_names
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
+    return _parse(path, id_column).columns
 
 
-def _batches(path: Path) -> Iterator[pa.RecordBatch]:
-    """Stream a file's records (Parquet and CSV in batches; JSONL whole, as pyarrow reads it)."""
-    fmt = _format(path)
+def _text_value(value: Any, where: str, column: str, field: str) -> str | None:
+    """A JSONL value of a mapped field as text: strings as they are; ids, groups and times may be numbers."""
+    if value is None or isinstance(value, str):
+        return value
+    if field != "text" and isinstance(value, (int, float)):
+        return json.dumps(value)
+    raise StoreError(f"{where}: field {column!r} (mapped to {field}) is a JSON {type(value).__name__}; "
+                     "expected a string")
+
+
+def _text_batches(path: Path, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
+    """The mapped columns of a CSV or JSONL file as string batches (what `normalize` reads)."""
+    rf = _parse(path, fields["id"])
+    # A JSONL file without records names no keys: its (no) records have every mapped column.
+    present = [(f, c) for f, c in fields.items() if c in rf.columns or (rf.fmt == "jsonl" and not rf.columns)]
+    chunks = [c for _, c in rf.records()]
+    for start in range(0, max(len(chunks), 1), BATCH):
+        part = chunks[start:start + BATCH]
+        cols: dict[str, list[str | None]] = {}
+        for field, col in present:
+            if rf.fmt == "csv":
+                cols[col] = [c.fields.get(col) for c in part]
+            else:
+                cols[col] = [_text_value(c.fields.get(col), f"{path}: record {start + k + 1}", col, field)
+                             for k, c in enumerate(part)]
+        yield pa.RecordBatch.from_pydict({k: pa.array(v, pa.string()) for k, v in cols.items()})
+
+
+def _batches(path: Path, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
+    """Stream a file's records (Parquet in batches with its own types; CSV and JSONL as text)."""
+    if _format(path) != "parquet":
+        yield from _text_batches(path, fields)
+        return
     try:
-        if fmt == "parquet":
-            yield from pq.ParquetFile(path).iter_batches(batch_size=65_536)
-        elif fmt == "csv":
-            yield from pcsv.open_csv(path)
-        else:
-            yield from read_file(path).to_batches(max_chunksize=65_536)
+        yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise StoreError(f"{path}: cannot read as {fmt}: {str(exc).splitlines()[0]}") from None
+        raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
 
-def _write_file(path: Path, table: pa.Table) -> None:
-    """Replace a file of the store with `table`, atomically, in the file's own format."""
-    fmt = _format(path)
-    with atomic_path(path) as tmp:
-        if fmt == "parquet":
-            pq.write_table(table, tmp)
-        elif fmt == "csv":
-            pcsv.write_csv(table, tmp)
-        else:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                for row in table.to_pylist():
-                    fh.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
+def _write_text(path: Path, rf: rec.RecordFile) -> None:
+    with atomic_path(path, keep_mode=True) as tmp:
+        tmp.write_bytes(rec.encode(rf.render()))
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    """Replace a Parquet file of the store with `table` (its schema), in the file's own compression codec."""
+    codec = "snappy"
+    if path.exists():
+        meta = pq.ParquetFile(path).metadata
+        if meta.num_row_groups and meta.num_columns:
+            codec = {"UNCOMPRESSED": "none", "LZ4_RAW": "lz4"}.get(meta.row_group(0).column(0).compression,
+                                                                  meta.row_group(0).column(0).compression.lower())
+    with atomic_path(path, keep_mode=True) as tmp:
+        pq.write_table(table, tmp, compression=codec)
+
+
+def _complement(n: int, absent: set[int]) -> np.ndarray:
+    """The first `n` positions not in `absent`: where the records in a file now stood before the archived left."""
+    return np.setdiff1d(np.arange(n + len(absent)), np.fromiter(absent, np.int64, len(absent)))[:n]
 
 
 @register
@@ -106,96 +147,163 @@ class TableStore(Store):
         else:
             raise StoreError(f"table:{location}: no such file or directory")
         for f in self.files:  # mapped columns checked up front, before any Ray task starts
-            names = _columns(f)
+            names = _columns(f, self.fields["id"])
+            if not names and _format(f) == "jsonl":
+                continue  # no records, so no keys to check
             for field, col in self.fields.items():
-                if col not in names and not (field == "time" and "time" not in self.mapping["_given"]):
+                if col not in names and field not in self.optional:
                     raise StoreError(f"{f}: column {col!r} (mapped to {field}) missing; columns: {', '.join(names)}")
 
     def raw_partitions(self) -> list[Partition]:
-        return [(lambda f=f: _batches(f)) for f in self.files]
+        fields = self.fields
+        return [(lambda f=f: _batches(f, fields)) for f in self.files]
 
-    def _id_column(self, table: pa.Table, path: Path) -> pa.Array:
+    def _parquet_ids(self, table: pa.Table, path: Path) -> pa.Array:
         name = self.fields["id"]
         if name not in table.column_names:
             raise StoreError(f"{path}: column {name!r} (mapped to id) missing")
         return pc.cast(table.column(name), pa.string())
 
-    def _rewrite(self, ids: Sequence[str], change) -> int:  # type: ignore[no-untyped-def]
-        """Apply `change(table, mask)` to every file holding some of `ids`; returns the rows matched."""
-        wanted = pa.array(sorted(set(map(str, ids))), pa.string())
-        n = 0
-        for path in self.files:
-            table = read_file(path)
-            mask = pc.is_in(self._id_column(table, path), wanted)
-            hits = pc.sum(mask).as_py() or 0
-            if hits:
-                _write_file(path, change(table, mask))
-                n += hits
-        return n
-
     def fetch(self, ids: Sequence[str]) -> pa.Table:
-        wanted = pa.array(sorted(set(map(str, ids))), pa.string())
+        """The whole records, each with its file, its position there and (CSV, JSONL) its exact text."""
+        wanted = set(map(str, ids))
         parts = []
         for path in self.files:
-            table = read_file(path)
-            got = table.filter(pc.is_in(self._id_column(table, path), wanted))
+            if _format(path) == "parquet":
+                table = _parquet(path)
+                mask = pc.is_in(self._parquet_ids(table, path), pa.array(sorted(wanted), pa.string()))
+                got = table.filter(mask)
+                got = got.append_column(POSITION, pa.array(np.flatnonzero(mask.to_numpy(zero_copy_only=False)), pa.int64()))
+            else:
+                rf = _parse(path, self.fields["id"])
+                hits = [(p, c) for p, c in rf.records() if c.id in wanted]
+                cols = rf.columns if rf.fmt == "csv" else [c for c in dict.fromkeys(self.fields.values()) if c in rf.columns]
+                got = pa.table({**{col: pa.array([rec.id_text(c.fields.get(col)) if col == self.fields["id"] else
+                                                  _cell_text(c.fields.get(col)) for _, c in hits], pa.string())
+                                   for col in cols},
+                                POSITION: pa.array([p for p, _ in hits], pa.int64()),
+                                RAW: pa.array([c.text for _, c in hits], pa.string())})
             if got.num_rows:
                 parts.append(got.append_column(FILE, pa.array([str(path)] * got.num_rows, pa.string())))
         if not parts:
             return pa.table({self.fields["id"]: pa.array([], pa.string()), FILE: pa.array([], pa.string())})
-        return pa.concat_tables(parts, promote_options="permissive")
+        try:
+            return pa.concat_tables(parts, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise StoreError(f"{self.where}: its files give column types that do not combine into one archive "
+                             f"({str(exc).splitlines()[0]}); prune each file as its own store") from None
 
     def delete(self, ids: Sequence[str]) -> int:
-        return self._rewrite(ids, lambda t, mask: t.filter(pc.invert(mask)))
-
-    def set_fields(self, values: pa.Table) -> int:
-        ids = values.column("id").cast(pa.string())
+        wanted = set(map(str, ids))
         n = 0
         for path in self.files:
-            table = read_file(path)
-            own = self._id_column(table, path)
-            pos = pc.index_in(own, value_set=ids)
-            if not (pc.sum(pc.is_valid(pos)).as_py() or 0):
-                continue
-            for name in values.column_names:
-                if name == "id":
-                    continue
-                new = pc.take(values.column(name), pos)
-                if name in table.column_names:
-                    old = table.column(name).cast(new.type)
-                    new = pc.if_else(pc.is_valid(pos), new, old)
-                    table = table.set_column(table.column_names.index(name), name, new)
-                else:
-                    table = table.append_column(name, new)
-            _write_file(path, table)
-            n += pc.sum(pc.is_valid(pos)).as_py() or 0
+            if _format(path) == "parquet":
+                table = _parquet(path)
+                mask = pc.is_in(self._parquet_ids(table, path), pa.array(sorted(wanted), pa.string()))
+                hits = pc.sum(mask).as_py() or 0
+                if hits:
+                    _write_parquet(path, table.filter(pc.invert(mask)))
+            else:
+                rf = _parse(path, self.fields["id"])
+                kept = rec.without(rf, wanted)
+                hits = len(rf.chunks) - len(kept.chunks)
+                if hits:
+                    _write_text(path, kept)
+            n += hits
         return n
 
-    def insert(self, records: pa.Table) -> int:
+    def set_fields(self, values: pa.Table) -> int:
+        by_id = {str(r.pop("id")): r for r in values.to_pylist()}
         n = 0
-        drop = [c for c in (*DECISION_COLUMNS, FILE) if c in records.column_names]
+        for path in self.files:
+            if _format(path) == "parquet":
+                n += self._set_parquet(path, values)
+                continue
+            rf = _parse(path, self.fields["id"])
+            mine = {c.id: by_id[c.id] for _, c in rf.records() if c.id in by_id}
+            if mine:
+                _write_text(path, rec.set_fields(rf, mine))
+                n += len(mine)
+        return n
+
+    def _set_parquet(self, path: Path, values: pa.Table) -> int:
+        table = _parquet(path)
+        pos = pc.index_in(self._parquet_ids(table, path), value_set=values.column("id").cast(pa.string()))
+        hits = pc.sum(pc.is_valid(pos)).as_py() or 0
+        if not hits:
+            return 0
+        for name in values.column_names:
+            if name == "id":
+                continue
+            new = pc.take(values.column(name), pos)
+            if name in table.column_names:
+                old = table.column(name).cast(new.type)
+                table = table.set_column(table.column_names.index(name), name, pc.if_else(pc.is_valid(pos), new, old))
+            else:
+                table = table.append_column(name, new)
+        _write_parquet(path, table)
+        return hits
+
+    def insert(self, records: pa.Table, archived: pa.Table | None = None) -> int:
+        """Put archived records back at their positions in their files (see `records.put_back`)."""
+        archived = records if archived is None else archived
+        n = 0
         for file in sorted(set(records.column(FILE).to_pylist())):
             path = Path(file)
-            rows = records.filter(pc.equal(records.column(FILE), file)).drop_columns(drop)
-            if path.exists():
-                table = read_file(path)
-                if table.num_columns:
-                    rows = rows.select([c for c in table.column_names if c in rows.column_names])
-                    missing = [c for c in table.column_names if c not in rows.column_names]
-                    for c in missing:
-                        rows = rows.append_column(c, pa.nulls(rows.num_rows, table.schema.field(c).type))
-                    rows = rows.select(table.column_names).cast(table.schema)
-                    rows = pa.concat_tables([table, rows])
-            _write_file(path, rows)
-            n += records.filter(pc.equal(records.column(FILE), file)).num_rows
+            rows = records.filter(pc.equal(records.column(FILE), file))
+            of_file = archived.filter(pc.equal(archived.column(FILE), file)) if FILE in archived.column_names else rows
+            if _format(path) == "parquet":
+                self._insert_parquet(path, rows, of_file)
+            else:
+                self._insert_text(path, rows, of_file)
+            n += rows.num_rows
         return n
 
+    def _absent(self, present: set[str], archived: pa.Table) -> set[int]:
+        """Positions of the file's archived records that the file does not hold now."""
+        ids = archived.column(self.fields["id"]).cast(pa.string()).to_pylist()
+        return {p for i, p in zip(ids, archived.column(POSITION).to_pylist()) if i not in present}
 
-def restore_table(archive: Archive, options: dict) -> dict:  # type: ignore[type-arg]
-    """The `table` restorer: append archived records to their files again (ids already there are skipped)."""
-    from memprune.stores.restore import restore_into
+    def _insert_text(self, path: Path, rows: pa.Table, archived: pa.Table) -> None:
+        idcol = self.fields["id"]
+        fmt = _format(path)
+        columns = [c for c in rows.column_names if c not in (*DECISION_COLUMNS, *LOCATOR)]
+        if path.exists():
+            rf = _parse(path, idcol)
+        else:  # the whole file went away: start it again (CSV: the header from the archive's columns)
+            rf = rec.RecordFile(fmt, rec.serialise(fmt, columns, dict(zip(columns, columns))) if fmt == "csv" else "",
+                                [], columns)
+        ids = rows.column(idcol).cast(pa.string()).to_pylist()
+        if RAW not in rows.column_names or POSITION not in rows.column_names:  # an archive from before positions
+            chunks = [rec.Chunk(i, rec.serialise(fmt, rf.columns, r)) for i, r in zip(ids, rows.select(columns).to_pylist())]
+            _write_text(path, rec.RecordFile(fmt, rf.head, [*rf.chunks, *chunks], rf.columns))
+            return
+        present = {c.id for _, c in rf.records()}
+        restored = list(zip(rows.column(POSITION).to_pylist(), ids, rows.column(RAW).to_pylist()))
+        _write_text(path, rec.put_back(rf, restored, self._absent(present, archived)))
 
-    return restore_into(archive, options)
+    def _insert_parquet(self, path: Path, rows: pa.Table, archived: pa.Table) -> None:
+        rows = rows.drop_columns([c for c in (*DECISION_COLUMNS, *LOCATOR) if c in rows.column_names and c != POSITION])
+        if not path.exists():
+            _write_parquet(path, rows.drop_columns([c for c in (POSITION,) if c in rows.column_names]))
+            return
+        table = _parquet(path)
+        new = rows.drop_columns([POSITION]) if POSITION in rows.column_names else rows
+        for f in table.schema:
+            if f.name not in new.column_names:
+                new = new.append_column(f.name, pa.nulls(new.num_rows, f.type))
+        new = new.select(table.column_names).cast(table.schema)
+        if POSITION not in rows.column_names:  # an archive from before positions: append
+            _write_parquet(path, pa.concat_tables([table, new]))
+            return
+        present = set(self._parquet_ids(table, path).to_pylist())
+        where = np.concatenate([_complement(table.num_rows, self._absent(present, archived)),
+                                np.asarray(rows.column(POSITION).to_pylist(), np.int64)])
+        _write_parquet(path, pa.concat_tables([table, new]).take(np.argsort(where, kind="stable")))
 
 
-register_restorer("table", restore_table)
+def _cell_text(value: Any) -> str | None:
+    """A JSONL value as a readable archive cell (the exact record is in memprune_raw)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,221 @@
+"""Table stores (issue 28): an apply changes only the records the decision names, and a restore gives back
+every record byte for byte, in its place. The property test drives the real apply (`apply_decision`: the
+changed-store check, the archive, the deletes) and the real restore (`memprune.archive.restore`) over CSV,
+JSONL and Parquet files with leading-zero ids, mixed key sets, odd times, unicode and embedded newlines."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import stat
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memprune.archive import read_archive, restore
+from memprune.stores.apply import apply_decision
+from memprune.stores.config import StoreError, StoreOptions
+from memprune.stores.export import scan_current
+from memprune.stores.table import TableStore
+
+MAP = {"id": "id", "text": "text", "group": "user"}  # time: the optional default column "time"
+TEXT = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=30)
+TIMES = st.sampled_from(["2024-05-01T10:00:00", "2024-05-01 10:00", "01/05/2024", "2024-05-01T10:00:00+02:00", "", "0"])
+
+
+@st.composite
+def record(draw, n: int) -> dict:
+    """One memory: a leading-zero (or unicode) id, free text, a user, and keys that not every record has."""
+    rec = {"id": draw(st.sampled_from([f"{n:04d}", f"u-{n}-é", f"{n:03d}\u00a0x"])), "text": draw(TEXT),
+           "user": draw(st.sampled_from(["u1", "u2", "0007", "ü"]))}
+    if draw(st.booleans()):
+        rec["time"] = draw(TIMES)
+    if draw(st.booleans()):
+        rec["zip"] = draw(st.sampled_from(["02139", "00501", "1e5", "007"]))
+    if draw(st.booleans()):
+        rec["note"] = draw(TEXT)
+    return rec
+
+
+def _records(draw, size: int) -> list[dict]:
+    return [draw(record(i)) for i in range(size)]
+
+
+def write_store(path: Path, fmt: str, rows: list[dict], crlf: bool, spaced: bool) -> None:
+    """Write the rows as a user's tool would: CSV by the csv module, JSONL by json.dumps (keys as each row has
+    them), Parquet by pyarrow (absent keys null)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r)) or ["id", "text", "user"]
+    if fmt == "csv":
+        buf = io.StringIO(newline="")
+        # The csv module leaves a lone CR unquoted under a "\n" terminator (a file no reader can split right),
+        # so such a file is written fully quoted, as a careful tool would.
+        lone_cr = not crlf and any("\r" in str(v) for r in rows for v in r.values())
+        w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\r\n" if crlf else "\n",
+                           quoting=csv.QUOTE_ALL if lone_cr else csv.QUOTE_MINIMAL)
+        w.writeheader()
+        w.writerows(rows)
+        path.write_bytes(buf.getvalue().encode())
+    elif fmt == "jsonl":
+        sep = (", ", ": ") if spaced else (",", ":")
+        eol = "\r\n" if crlf else "\n"
+        path.write_bytes("".join(json.dumps(r, ensure_ascii=not spaced, separators=sep) + eol for r in rows).encode())
+    else:
+        schema = pa.schema([(k, pa.string()) for k in keys])
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, compression="zstd")
+
+
+def decide(store: TableStore, out: Path, keep: list[bool]) -> None:
+    """A decision over the store as `memprune prune` writes it (id, hash, score, keep, reason), rejects kept."""
+    normal = pa.concat_tables([pa.Table.from_batches([b]) for b in store.read()])
+    rows = normal.to_pylist()
+    decided = [r["reject"] is None for r in rows]
+    flags = [k or not d for k, d in zip(keep, decided)]
+    out.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({
+        "id": [r["id"] for r in rows], "group": [r["group"] for r in rows], "time": [r["time"] for r in rows],
+        "text": [r["text"] for r in rows], "hash": [r["hash"] for r in rows],
+        "score": pa.array([0.5 if d else None for d in decided], pa.float64()), "keep": flags,
+        "reason": [None if f else "below_threshold" for f in flags], "duplicate_of": pa.nulls(len(rows), pa.string())}),
+        out / "decision.parquet")
+
+
+def parquet_state(path: Path) -> tuple[pa.Schema, list[dict]]:
+    t = pq.read_table(path)
+    return t.schema, t.to_pylist()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(data=st.data(), fmt=st.sampled_from(["csv", "jsonl", "parquet"]), crlf=st.booleans(), spaced=st.booleans())
+def test_apply_then_restore_gives_back_every_record_byte_for_byte(tmp_path_factory, data, fmt, crlf, spaced) -> None:
+    d = tmp_path_factory.mktemp("store")
+    rows = _records(data.draw, data.draw(st.integers(1, 12)))
+    rows = list({r["id"]: r for r in rows}.values())
+    path = d / f"mem.{fmt}"
+    write_store(path, fmt, rows, crlf, spaced)
+    os.chmod(path, 0o600)
+    original = path.read_bytes()
+    before = parquet_state(path) if fmt == "parquet" else None
+    store = TableStore(str(path), MAP)
+    keep = data.draw(st.lists(st.booleans(), min_size=len(rows), max_size=len(rows)))
+    out = d / "out"
+    decide(store, out, keep)
+    result = apply_decision(store, out, {"store": {"fingerprint": "f"}}, StoreOptions(apply="delete"))
+    dropped = {r["id"] for r, k in zip(rows, keep) if not k}
+    assert result["deleted"] == len(dropped)
+    # apply changed nothing but the dropped records: what is left is the original minus them, byte for byte
+    if fmt == "parquet":
+        schema, left = parquet_state(path)
+        assert schema == before[0] and left == [r for r in before[1] if r["id"] not in dropped]
+    else:
+        header, lines = _split_records(original, fmt)
+        assert path.read_bytes() == header + b"".join(line for rid, line in lines if rid not in dropped)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert {r["id"] for r in scan_current(store).to_pylist()} == {r["id"] for r in rows} - dropped
+    # restore gives back the original file (Parquet: the same schema and rows, in order)
+    if dropped:
+        assert restore(out / "archive")["restored"] == len(dropped)
+    if fmt == "parquet":
+        assert parquet_state(path) == before
+    else:
+        assert path.read_bytes() == original
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # restoring again does nothing
+    if dropped:
+        assert restore(out / "archive")["restored"] == 0
+
+
+def _split_records(raw: bytes, fmt: str) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """(header, [(id, record bytes)]) of a file this test wrote, parsed independently of memprune."""
+    if fmt == "jsonl":
+        lines = [ln + b"\n" for ln in raw.split(b"\n")[:-1]]
+        return b"", [(json.loads(ln)["id"], ln) for ln in lines]
+    text = raw.decode()
+    reader_lines: list[str] = []
+    src = io.StringIO(text, newline="")
+
+    def feed():
+        for line in iter(src.readline, ""):
+            reader_lines.append(line)
+            yield line
+
+    out: list[tuple[str, bytes]] = []
+    header = b""
+    for i, row in enumerate(csv.reader(feed())):
+        chunk = "".join(reader_lines).encode()
+        reader_lines.clear()
+        if i == 0:
+            header = chunk
+        else:
+            out.append((row[0], chunk))
+    return header, out
+
+
+def test_partial_restores_put_each_record_back_in_its_place(tmp_path) -> None:
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b"id,text,user,zip\n0001,Alice has a cat.,u1,02139\n0002,\"two\nlines, quoted\",u1,00501\n"
+                     b"\n0003,Bob,u2,0\r\n0004,last without newline,u2,7")
+    original = path.read_bytes()
+    store = TableStore(str(path), {"group": "user"})
+    decide(store, tmp_path / "out", [True, False, False, False])
+    apply_decision(store, tmp_path / "out", {"store": {"fingerprint": "f"}}, StoreOptions(apply="delete"))
+    assert path.read_bytes() == b"id,text,user,zip\n0001,Alice has a cat.,u1,02139\n\n"
+    for ids in (["0004"], ["0002"], ["0003"]):
+        restore(tmp_path / "out" / "archive", ids)
+    assert path.read_bytes() == original
+
+
+def test_jsonl_flags_edit_only_the_named_records_in_their_own_text(tmp_path) -> None:
+    path = tmp_path / "mem.jsonl"
+    lines = ['{"id": "0001", "text": "a", "user": "u", "ts": "2024-05-01T10:00:00"}\n',
+             '{"id":"0002","text":"b","user":"u","n":1e5,"nested":{"x":[1,2]}}\n',
+             '{"id": "0003", "text": null, "user": "u"}\n']
+    path.write_text("".join(lines))
+    store = TableStore(str(path), {"group": "user", "time": "ts"})
+    store.set_fields(pa.table({"id": ["0001", "0002"], "memprune_keep": [True, False], "memprune_score": [0.5, 0.25]}))
+    got = path.read_text().splitlines(keepends=True)
+    assert got[0] == lines[0][:-2] + ', "memprune_keep": true, "memprune_score": 0.5}\n'
+    assert got[1] == lines[1][:-2] + ', "memprune_keep": false, "memprune_score": 0.25}\n'
+    assert got[2] == lines[2]  # not named: not touched (no keys added, no nulls)
+    store.set_fields(pa.table({"id": ["0001"], "memprune_keep": [False], "memprune_score": [0.75]}))
+    assert path.read_text().splitlines(keepends=True)[0] == \
+        lines[0][:-2] + ', "memprune_keep": false, "memprune_score": 0.75}\n'
+
+
+def test_an_edited_or_vanished_record_blocks_the_apply(tmp_path) -> None:
+    """The changed-store check compares each record's text hash, not only the id set."""
+    for change in ("edit", "vanish"):
+        path = tmp_path / f"{change}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"{i:04d}", "text": f"t{i}", "user": "u"}) + "\n" for i in range(4)))
+        store = TableStore(str(path), {"group": "user"})
+        out = tmp_path / f"out-{change}"
+        decide(store, out, [True, True, False, False])
+        lines = path.read_text().splitlines(keepends=True)
+        if change == "edit":  # a kept record edited by the user after the decision
+            lines[0] = lines[0].replace('"t0"', '"t0 edited"')
+        else:  # a kept record deleted by someone else
+            del lines[1]
+        path.write_text("".join(lines))
+        before = path.read_bytes()
+        with pytest.raises(StoreError, match="changed since the decision"):
+            apply_decision(store, out, {"store": {"fingerprint": "f"}}, StoreOptions(apply="delete"))
+        assert path.read_bytes() == before and not (out / "archive").exists()
+
+
+def test_a_restore_into_a_csv_store_without_a_time_column_uses_the_archive_mapping(tmp_path) -> None:
+    path = tmp_path / "mem.csv"
+    path.write_text("id,text,user,zip\n0001,a,u1,02139\n0002,b,u1,02140\n")
+    original = path.read_bytes()
+    store = TableStore(str(path), {"group": "user"})
+    decide(store, tmp_path / "out", [True, False])
+    apply_decision(store, tmp_path / "out", {"store": {"fingerprint": "f"}}, StoreOptions(apply="delete"))
+    archived = read_archive(tmp_path / "out" / "archive").records.to_pylist()
+    assert [(r["id"], r["zip"]) for r in archived] == [("0002", "02140")]  # text in the archive too, not 2140
+    restore(tmp_path / "out" / "archive")
+    assert path.read_bytes() == original
