@@ -1,7 +1,8 @@
 """Listwise, likelihood and consensus judging end to end on real engines: a scripted OpenAI-compatible server
 (listwise with malformed lists retried then falling back, orders, resume after a real SIGKILL) and the `hf`
 engine on the tiny random model (listwise fallback, likelihood gains checked against transformers, a
-consensus of two judges with agreement, resume)."""
+consensus of two judges with agreement, resume); and `label --plan`'s prompt tokens, per pair and in total, against
+the usage the server reports for the real run."""
 
 from __future__ import annotations
 
@@ -225,3 +226,74 @@ def test_hf_likelihood_consensus_of_two_judges_with_agreement_and_resume(ray_loc
     again = run_label(cfg)
     assert again["throughput"]["shards_reused"] == 1 and again["throughput"]["pairs_judged_this_run"] == n_pairs
     assert {n: (out / n).read_bytes() for n in ref} == ref
+
+
+# ---------------------------------------------------------------- the plan against what the engine counts
+
+PLAN_TURNS = ["hi", "my sister adopted a small dog last spring and now we walk it every single morning before work",
+              "ok", "we visited Paris last week and the museums were full of tourists from all over the world", "nice",
+              "bye then, talk to you soon after the long weekend at the lake with the whole family"]
+
+
+def _pair_key(prompt: str) -> tuple[str, str]:
+    """(bullet, target) of a pairwise prompt, the user message or the whole rendered chat: which pair it judges
+    (the system text names the tags too, without a speaker)."""
+    target, bullet = re.search(r'<target speaker="[^"]*">(.*?)</target>\s*<bullet>(.*?)</bullet>', prompt, re.S).groups()
+    return bullet.strip(), target.strip()
+
+
+def test_plan_prompt_tokens_are_what_the_engine_reports(ray_local, tiny_llm: str, tmp_path: Path):
+    """`label --plan` counts, per pair and in total, the prompt tokens the engine reports for the real run.
+
+    Targets have contexts of very different lengths, so a plan that rendered a pair around another
+    target's context (or any other prompt than the one sent) counts other tokens than the engine.
+    """
+    from typer.testing import CliRunner
+
+    from memprune.cli import app
+    from memprune.label.cost import PromptCounter, pairwise_prompts
+    from memprune.label.pairs import build_pairs, target_groups
+    from memprune.llm import load_template
+
+    corpus = two_session_corpus(tmp_path / "corpus", BULLETS[:2], PLAN_TURNS)
+    with TinyOpenAIServer(tiny_llm, responder=lambda body: '{"score": 0.5}', idle_timeout=300) as srv:
+        usage: dict[tuple[str, str], int] = {}
+        complete = srv.complete
+
+        def counted(body: dict) -> tuple[int, dict]:  # what the engine reports, by the pair each request judges
+            status, reply = complete(body)
+            usage[_pair_key(body["messages"][-1]["content"])] = reply["usage"]["prompt_tokens"]
+            return status, reply
+
+        srv.complete = counted
+        llm = {**_http_llm(srv), "model": tiny_llm, "max_retries": 0}  # the model dir: the plan uses its tokenizer
+        (tmp_path / "llm.yaml").write_text(yaml.safe_dump(llm))
+        res = CliRunner().invoke(app, ["label", "--data", str(corpus), "--out", str(tmp_path / "plan"), "--plan",
+                                       "--judge", "llm", "--llm-config", str(tmp_path / "llm.yaml")])
+        assert res.exit_code == 0, res.output
+        cfg = LabelConfig(data=corpus, out=tmp_path / "run", judge="llm", llm_config=tmp_path / "llm.yaml",
+                          progress=False)
+        summary = run_label(cfg)
+    planned = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert "judge model's tokenizer" in planned["tokenizer"]
+    pw, measured = planned["modes"]["pairwise"], summary["cost"]["measured"]
+    n = len(BULLETS[:2]) * len(PLAN_TURNS)
+    assert summary["counts"]["pairs_scored"] == n == len(usage) and measured["llm_calls"] == pw["calls"] == n
+    assert measured["prompt_tokens"] == sum(usage.values())  # the run's accounting is the engine's
+    # in total and per pair, the plan's prompt tokens are the engine's: exactly, as this tokenizer merges nothing
+    # across a line break (the plan's line-split error is 0)
+    assert pw["line_split_error"] == 0
+    assert pw["prompt_tokens"] == measured["prompt_tokens"]
+    assert pw["prompt_tokens_per_pair"] == pytest.approx(measured["prompt_tokens_per_labelled_pair"])
+    assert summary["cost"]["planned"]["prompt_tokens"] == pw["prompt_tokens"]  # the run's own plan is the same
+    # per pair: the prompt the plan renders for a pair counts what the engine counted for that pair
+    plan = build_pairs(*(read_table(corpus / f"{t}.parquet", t) for t in ("sessions", "bullets")), cfg.pair_options(),
+                       with_context=True)
+    counter = PromptCounter(tiny_llm)
+    texts = list(pairwise_prompts(plan, target_groups(plan), counter, load_template("judge_v1", "judge")))
+    counted_by_plan = dict(zip(map(_pair_key, texts), counter.count(texts).tolist()))
+    assert counted_by_plan.keys() == usage.keys()  # the plan renders every pair the run sends, around its own target
+    off = {k: (counted_by_plan[k], usage[k]) for k in usage if counted_by_plan[k] != usage[k]}
+    assert not off, off
+    assert len(set(usage.values())) > 2  # the targets' prompts do differ in length (the check has teeth)
+    assert pw["prompt_tokens"] == sum(counted_by_plan.values())  # the CLI's plan is these prompts
