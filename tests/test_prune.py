@@ -443,9 +443,17 @@ def test_config_validation_and_shipped_configs():
     from memprune.config import ConfigError, load_config
 
     root = Path(__file__).resolve().parents[1]
-    for name in ("prune-local.yaml", "prune-gpu.yaml"):
+    for name in ("prune-local.yaml", "prune-gpu.yaml", "paper-prune.yaml"):
         cfg = load_config(root / "configs" / name, [], PruneConfig)
         assert cfg.rule.threshold == 0.5 and cfg.rule.top_k == 5
+        # the shipped configs never empty a session; the paper's exact rule is one config away
+        assert cfg.rule.min_keep == (0 if name.startswith("paper") else 1)
+    assert PruneConfig(scorer="s", input="i", out="o").rule.min_keep == 1  # the safe default
+    from memprune.pipeline import PipelineConfig
+
+    for name, min_keep in (("pipeline-local.yaml", 1), ("paper-pipeline.yaml", 0)):
+        cfg = load_config(root / "configs" / name, [], PipelineConfig)
+        assert cfg.prune.rule.min_keep == min_keep and cfg.evaluate.rule.min_keep == 0
     with pytest.raises(ConfigError, match="top_k"):
         load_config(root / "configs" / "prune-local.yaml", ["rule.top_k=0"], PruneConfig)
     with pytest.raises(ConfigError, match="group_by"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,17 @@ def _get_all(config: Path) -> dict[str, set[str]]:
     m = _memory(config)
     try:
         return {u: {r["id"] for r in m.get_all(filters={"user_id": u}, top_k=100)["results"]} for u in USERS}
+    finally:
+        _close(m)
+
+
+def _points(config: Path) -> dict[str, tuple[dict, list[float]]]:
+    """Every memory as Qdrant holds it: id -> (whole payload: data, hash, created_at, metadata..., vector)."""
+    m = _memory(config)
+    try:
+        vs = m.vector_store
+        points, _ = vs.client.scroll(collection_name=vs.collection_name, limit=1000, with_payload=True, with_vectors=True)
+        return {str(p.id): (dict(p.payload), [round(x, 6) for x in p.vector]) for p in points}
     finally:
         _close(m)
 
@@ -125,6 +137,8 @@ def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_s
     dropped = {r["id"] for r in rows if not r["keep"]}
     assert len(dropped) >= 3
     before = _get_all(config)
+    points = _points(config)
+    assert all({"data", "hash", "created_at", "user_id"} <= set(p) for p, _ in points.values())
     # 1. an apply killed (SIGKILL) after its first delete: archive written, store partly changed
     script = (
         "import os, signal, sys\n"
@@ -159,6 +173,7 @@ def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_s
     assert restore(out / "archive", [first])["restored"] == 1
     assert restore(out / "archive")["restored"] == len(dropped) - 1
     assert _get_all(config) == before
+    assert _points(config) == points  # whole records back: payload (hash, created_at, metadata) and vector
     m = _memory(config)
     hits = m.search("Who has a cat named Tom?", filters={"user_id": "alice"}, top_k=3)["results"]
     _close(m)
@@ -260,6 +275,7 @@ def test_lance_delete_and_restore_and_table_flag(decisions) -> None:
     ds = lance.dataset(lpath)
     if ds.count_rows() != ldec.num_rows:  # the changed-store test appended a row: take it out again
         ds.delete("id = 'new-1'")
+    rows_before = lance.dataset(lpath).to_table().sort_by("id").to_pylist()
     res = _cli("prune", "--scorer", scorer, "--out", str(lout), "--input", f"lance:{lpath}",
                "--map", "group=user_id,time=created_at", *RULE, "--apply")
     assert res.exit_code == 0, res.output
@@ -268,4 +284,117 @@ def test_lance_delete_and_restore_and_table_flag(decisions) -> None:
     archived = read_archive(lout / "archive").records
     assert "created_at" in archived.column_names and archived.num_rows == ldec.num_rows - len(left)
     assert restore(lout / "archive")["restored"] == archived.num_rows
-    assert lance.dataset(lpath).count_rows() == ldec.num_rows
+    assert lance.dataset(lpath).to_table().sort_by("id").to_pylist() == rows_before  # every column of every row
+
+
+def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, mem0_store, scorer_dir, tmp_path) -> None:
+    """`--apply-flag`: each decided record gets memprune_keep/memprune_score; its other fields stay as they were."""
+    import lance
+
+    config, _ = mem0_store
+    lout, _ = decisions["lance"]
+    lpath = json.loads((lout / "prune.json").read_text())["store"]["location"]
+    inputs = {"mem0": ["--input", f"mem0:{config}"],
+              "lance": ["--input", f"lance:{lpath}", "--map", "group=user_id,time=created_at"]}
+    for kind, args in inputs.items():
+        before = _points(config) if kind == "mem0" else {r["id"]: r for r in lance.dataset(lpath).to_table().to_pylist()}
+        out = tmp_path / f"flag-{kind}"
+        for extra in ([], ["--apply-flag"]):
+            res = _cli("prune", "--scorer", str(scorer_dir), "--out", str(out), *args, *RULE, *extra)
+            assert res.exit_code == 0, res.output
+        decision = {r["id"]: r for r in pq.read_table(out / "decision.parquet").to_pylist()}
+        if kind == "mem0":
+            after = {i: p for i, (p, _) in _points(config).items()}
+            assert set(after) == set(before)
+            for i, payload in after.items():
+                assert payload["memprune_keep"] == decision[i]["keep"]
+                assert payload["memprune_score"] == pytest.approx(decision[i]["score"])
+                assert {k: v for k, v in payload.items() if not k.startswith("memprune_")} == before[i][0]
+        else:
+            after = {r["id"]: r for r in lance.dataset(lpath).to_table().to_pylist()}
+            assert set(after) == set(before)
+            for i, row in after.items():
+                assert row["memprune_keep"] == decision[i]["keep"]
+                assert row["memprune_score"] == pytest.approx(decision[i]["score"])
+                assert {k: v for k, v in row.items() if not k.startswith("memprune_")} == \
+                    {k: v for k, v in before[i].items() if not k.startswith("memprune_")}
+
+
+def test_csv_store_apply_and_restore_keep_every_byte(ray_local, scorer_dir, tmp_path) -> None:
+    """The issue's reproduction: ids `0003` and zips `02139` survive apply and restore; mode 0600 is kept."""
+    store = tmp_path / "mem.csv"
+    lines = [f"{i:04d},Memory number {i} of {'Alice' if i % 2 else 'Bob'}.,u{i % 20},{2139 + i:05d}\n" for i in range(1, 41)]
+    store.write_text("id,text,user,zip\n" + "".join(lines))
+    os.chmod(store, 0o600)
+    original = store.read_bytes()
+    args = ["prune", "--input", f"table:{store}", "--map", "group=user", "--scorer", str(scorer_dir), "--out",
+            str(tmp_path / "o"), "--threshold", "0", "--top-k", "1", "--set", "progress=false", "--set", "actors=1"]
+    res = _cli(*args)
+    assert res.exit_code == 0, res.output
+    assert store.read_bytes() == original and "20 groups: kept 1-1 each, 0 left empty" in res.output
+    res = _cli(*args, "--apply")
+    assert res.exit_code == 0, res.output
+    decision = pq.read_table(tmp_path / "o" / "decision.parquet").to_pylist()
+    kept = {r["id"] for r in decision if r["keep"]}
+    assert len(kept) == 20 and all(len(i) == 4 for i in kept)
+    assert store.read_text() == "id,text,user,zip\n" + "".join(ln for ln in lines if ln[:4] in kept)
+    assert stat.S_IMODE(store.stat().st_mode) == 0o600
+    res = _cli("restore", "--archive", str(tmp_path / "o" / "archive"), "--all")
+    assert res.exit_code == 0, res.output
+    assert store.read_bytes() == original and stat.S_IMODE(store.stat().st_mode) == 0o600
+
+
+def test_store_requests_that_would_harm_the_store_are_refused_up_front(scorer_dir, tmp_path, monkeypatch) -> None:
+    d = tmp_path / "store"
+    d.mkdir()
+    (d / "mem.jsonl").write_text("".join(json.dumps({"id": f"{i:03d}", "text": f"t{i}", "group": "u"}) + "\n"
+                                         for i in range(5)))
+    before = (d / "mem.jsonl").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    base = ["prune", "--scorer", str(scorer_dir), "--input", f"table:{d}"]
+    cases = {
+        "inside the table store": [*base, "--out", str(d / "out")],
+        "object-storage outputs (URIs) are not supported": [*base, "--out", "s3://bucket/x"],
+        "dry_run and store.apply exclude each other": [*base, "--out", str(tmp_path / "o"), "--top-k", "2",
+                                                       "--dry-run", "--apply"],
+        "an external store's groups are its `--map group=` column": [*base, "--out", str(tmp_path / "o"),
+                                                                     "--group-by", "session"],
+        "does not run on the default policy": [*base, "--out", str(tmp_path / "o"), "--apply"],
+        "no decision to apply yet": [*base, "--out", str(tmp_path / "o"), "--top-k", "2", "--apply"],
+    }
+    for expected, args in cases.items():
+        res = _cli(*args)
+        assert res.exit_code == 2, (expected, res.output)
+        assert len(res.output.strip().splitlines()) == 1 and expected in " ".join(res.output.split()), res.output
+    assert (d / "mem.jsonl").read_bytes() == before and sorted(p.name for p in d.iterdir()) == ["mem.jsonl"]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "s3:").exists()
+
+
+def test_a_bullets_archive_restores_from_a_fresh_interpreter(ray_local, scorer_dir, msc_small, tmp_path) -> None:
+    """`memprune.archive.restore` finds the bullets restorer without `memprune.prune` imported first."""
+    out = tmp_path / "p"
+    res = _cli("prune", "--scorer", str(scorer_dir), "--input", str(msc_small), "--out", str(out), "--emit", "split",
+               "--set", "progress=false", "--set", "actors=1")
+    assert res.exit_code == 0, res.output
+    kept_rows = pq.read_table(out / "kept").num_rows
+    script = ("import sys, json\nfrom memprune.archive import restore\n"
+              "print(json.dumps(restore(sys.argv[1])))\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(out / "dropped")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["restored"] > 0 and summary["rows"] == kept_rows + summary["restored"]
+    assert pq.read_table(out / "kept").num_rows == pq.read_table(msc_small / "bullets.parquet").num_rows
+
+
+def test_a_ray_that_cannot_start_is_one_line(scorer_dir, msc_small, tmp_path) -> None:
+    """A local Ray that fails to start (its temp dir cannot be made): one error line, no traceback."""
+    (tmp_path / "a-file").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "memprune.cli", "prune", "--scorer", str(scorer_dir), "--input",
+                           str(msc_small), "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                               "RAY_TMPDIR": str(tmp_path / "a-file" / "ray"), "PYTHONPATH": os.pathsep.join(sys.path)})
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip() and not ln.startswith("note:")]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and "cannot start a local Ray instance" in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
