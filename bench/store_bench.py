@@ -123,16 +123,15 @@ def child_mem0_load(a: dict[str, Any]) -> dict[str, Any]:
 
 def child_prune(a: dict[str, Any]) -> dict[str, Any]:
     """One dry-run prune of one store in this (fresh) process, with peak memory of the process tree."""
-    from memprune.prune import PruneConfig, run
     from memprune.runtime import ensure_ray
-    from memprune.stores import parse_map
+    from memprune.stores import StorePruneConfig, parse_map, run
 
     ensure_ray()
     mem = PeakMemory()
     mem.start()
     t0 = time.perf_counter()
     group = "conversation"  # = user: the stores group by user (their `group` field) too
-    cfg = PruneConfig(scorer=a["scorer"], input=a["input"], out=a["out"], progress=False, limit_rows=a.get("score_rows"),
+    cfg = StorePruneConfig(scorer=a["scorer"], input=a["input"], out=a["out"], progress=False, limit_rows=a.get("score_rows"),
                       rule={"threshold": 0.5, "top_k": 5, "group_by": group}, store={"map": parse_map(a["map"])})
     s = run(cfg)
     wall = time.perf_counter() - t0

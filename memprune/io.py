@@ -281,6 +281,17 @@ def check_out(out: str | os.PathLike[str], step: str) -> Path:
     return p
 
 
+def check_out_outside(out: Path, location: str, what: str) -> None:
+    """Refuse an output directory inside (or equal to) the store it reads: the store would read memprune's own files."""
+    loc = Path(location)
+    if not loc.exists():
+        return
+    o, here = out.resolve(), loc.resolve()
+    if o == here or here in o.parents:
+        raise MemPruneError(f"--out {out}: inside the {what} {location}; memprune would read its own outputs as "
+                            "store records (and an apply would delete them). Put --out outside the store")
+
+
 class OutputSet:
     """The outputs of one step run, committed together.
 

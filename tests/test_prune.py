@@ -409,7 +409,9 @@ def test_memory_pruner_rule_edge_cases():
     assert [(k.index, k.text, k.score) for k in kept] == [(1, "c", 0.7), (2, "a", 0.9)]  # tie 0.7: earliest wins
     assert [k.text for k in p.prune(["b", "e"])] == ["b"]  # group smaller than k
     assert p.prune([]) == []  # empty group
-    assert p.prune(["e", "e"]) == []  # everything below the threshold: the group empties
+    # everything below the threshold: by default (min_keep 1) the group keeps its best; min_keep 0 empties it
+    assert [(k.index, k.text) for k in p.prune(["e", "e"])] == [(0, "e")]
+    assert MemoryPruner(sc, threshold=0.5, top_k=2, min_keep=0).prune(["e", "e"]) == []
     assert [k.text for k in MemoryPruner(sc, threshold=None, top_k=None).prune(["e", "a"])] == ["e", "a"]
     assert [k.text for k in MemoryPruner(sc, threshold=0.7, top_k=None).prune(["b", "e", "c"])] == ["b", "c"]
     with pytest.raises(PruneError, match=r"non-finite score.*bullets\[1\]"):

@@ -50,8 +50,8 @@ def prune(
 
     --input also takes an external store, KIND:LOCATION: table:PATH (Parquet/JSONL/CSV), lance:PATH, mem0:CONFIG.
     """
-    from memprune.prune import PruneConfig, run
     from memprune.prune.report import emptied_warning
+    from memprune.stores import StorePruneConfig, run
 
     if policy is None:
         policy = "budget" if budget_tokens is not None else "fraction" if fraction is not None else None
@@ -60,7 +60,7 @@ def prune(
               "rule.min_keep": min_keep, "rule.floor": floor, "rule.dedup_threshold": dedup_threshold,
               "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
     values |= _store_values(map_, "flag" if apply_flag else "delete" if apply else None)
-    cfg, summary = run_stage(PruneConfig, run, config, set_, values | _top_k(top_k))
+    cfg, summary = run_stage(StorePruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
     console.print(f"{'would keep' if cfg.dry_run else 'kept'} {r['bullets_after']:.2f} of {r['bullets_before']:.2f} "
                   f"bullets per {cfg.rule.group_by} (-{r['bullet_reduction_pct'] or 0:.1f}% bullets, "

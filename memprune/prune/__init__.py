@@ -33,13 +33,14 @@ from memprune.prune.rule import (
 )
 from memprune.prune.scoring import KeptBullet, MemoryPruner, group_keys_of, score_and_embed, score_texts
 from memprune.prune.split import restore_bullets, write_split
-from memprune.prune.stage import run
+from memprune.prune.stage import check_scorer, run
 from memprune.prune.store import list_store_files, open_store, plan_store, read_pruned
 
 run_prune = run
 
 __all__ = [
     "GROUP_KEYS",
+    "check_scorer",
     "REASONS",
     "Decision",
     "apply_policy",

@@ -15,7 +15,6 @@ from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
 from memprune.precision import Precision
 from memprune.prune.rule import setting_name
-from memprune.stores.config import StoreOptions
 
 GroupBy = Literal["session", "conversation", "speaker"]
 Policy = Literal["rule", "budget", "fraction"]
@@ -107,7 +106,23 @@ class PruneRule(ConfigModel):
         return [self.model_copy(update={"threshold": t, "top_k": k}) for t, k in self.sweep(top_ks)]
 
 
-class PruneSettings(ConfigModel):
+class ScoringRuntime(ConfigModel):
+    """How the scorer runs on Ray Data: the settings `memprune prune` and `memprune score` share."""
+
+    batch_size: int = Field(128, ge=1, description="encoder forward batch size inside an actor")
+    block_rows: int = Field(2048, ge=1, description="rows per Ray Data block (cut at group boundaries)")
+    actors: int | None = Field(None, ge=1, description="actor pool size; default: one per GPU, else CPUs / actor_cpus")
+    actor_cpus: float = Field(1.0, gt=0, description="torch threads per actor (rounded) and its default CPU request")
+    use_gpu: bool | Literal["auto"] = "auto"
+    io_cpus: float = Field(0.1, gt=0, description="Ray CPU request of each read/write/decide task")
+    precision: Precision = Field(
+        "auto", description="of the scorer's forward passes: fp32, bf16 or fp16 autocast over fp32 weights; "
+        "auto = bf16 on CUDA devices that support it, else fp32")
+    ray_address: str | None = None
+    progress: bool = True
+
+
+class PruneSettings(ScoringRuntime):
     """Every option of the prune stage except the paths (the pipeline's `prune:` section)."""
 
     rule: PruneRule = Field(default_factory=PruneRule)
@@ -118,16 +133,7 @@ class PruneSettings(ConfigModel):
         "auto", description="auto: stream when groups are contiguous, else shuffle; contiguous: require it; shuffle: always"
     )
     sweep_top_k: list[int] = Field(default_factory=lambda: [1, 3, 5], description="extra top-k values reported in prune.json")
-    batch_size: int = Field(128, ge=1, description="encoder forward batch size inside an actor")
-    block_rows: int = Field(2048, ge=1, description="rows per Ray Data block (cut at group boundaries)")
-    actors: int | None = Field(None, ge=1, description="actor pool size; default: one per GPU, else CPUs / actor_cpus")
-    actor_cpus: float = Field(1.0, gt=0, description="torch threads per actor (rounded) and its default CPU request")
-    use_gpu: bool | Literal["auto"] = "auto"
-    io_cpus: float = Field(0.1, gt=0, description="Ray CPU request of each read/write/decide task")
     rows_per_file: int = Field(100_000, ge=1, description="minimum rows per output Parquet file")
-    precision: Precision = Field(
-        "auto", description="of the scorer's forward passes: fp32, bf16 or fp16 autocast over fp32 weights; "
-        "auto = bf16 on CUDA devices that support it, else fp32")
     sort_by_length: bool = Field(True, description="score texts in length order inside a block (less padding)")
     tokenizer: str = Field("encoder", description="token unit: encoder, whitespace, or a tokenizer.json (or its dir)")
     columns: list[str] | None = Field(None, description="extra input columns to carry; null = all")
@@ -137,8 +143,6 @@ class PruneSettings(ConfigModel):
     emit: Literal["keep", "split"] = Field(
         "keep", description="keep: pruned/ (every bullet + score, keep, reason); split: also kept/ (the kept bullets, "
         "input columns) and dropped/ (the archive: score, reason, run fingerprint; `memprune restore`)")
-    ray_address: str | None = None
-    progress: bool = True
 
     @field_validator("sweep_top_k")
     @classmethod
@@ -153,18 +157,12 @@ class PruneSettings(ConfigModel):
 
 
 class PruneConfig(PruneSettings):
-    """Config of the prune stage (`jobs/prune.py`, `memprune prune`): the settings plus the paths."""
+    """Config of the prune stage on a bullets store (`memprune.prune.run`): the settings plus the paths.
+
+    `memprune prune` and `jobs/prune.py` load `memprune.stores.StorePruneConfig`, this plus the external
+    store options, so the same command prunes a bullets table or a `KIND:LOCATION` store.
+    """
 
     scorer: str = Field(description="scorer artifact directory (scorer.json + head.safetensors)")
-    input: str = Field(description="bullets store: a Parquet file, or a directory of them (a corpus dir: its bullets.parquet); "
-                       "or an external store KIND:LOCATION (table:PATH, lance:PATH, mem0:CONFIG; see memprune.stores)")
+    input: str = Field(description="bullets store: a Parquet file, or a directory of them (a corpus dir: its bullets.parquet)")
     out: str = Field(description="output directory: pruned/ (the store), prune.json, prune.md")
-    store: StoreOptions = Field(default_factory=StoreOptions,
-                                description="external stores only: column map, --apply mode (memprune.stores)")
-
-    @model_validator(mode="after")
-    def _dry_run_or_apply(self) -> "PruneConfig":
-        if self.dry_run and self.store.apply != "none":
-            raise ValueError("dry_run and store.apply exclude each other: a dry run never changes a store "
-                             "(decide without --apply, read prune.md, then --apply)")
-        return self

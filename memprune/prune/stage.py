@@ -20,7 +20,7 @@ from rich.console import Console
 
 from memprune.calibration import CalibrationError, resolve_score_mode
 from memprune.encoders import EncoderError
-from memprune.io import OutputSet, check_out, write_jsonl, write_summary
+from memprune.io import OutputSet, check_out, check_out_outside, write_jsonl, write_summary
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
@@ -94,15 +94,6 @@ def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
 
 def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
-    from memprune.stores.config import split_input
-    from memprune.stores.stage import check_out_outside
-
-    if split_input(config.input) is not None:  # an external store (KIND:LOCATION): decision + optional apply
-        from memprune.stores.stage import run_prune
-
-        return run_prune(config)
-    if config.store.apply != "none" or config.store.map:
-        raise PruneError(f"{config.input}: --apply and --map are for external stores (table:, lance:, mem0: inputs)")
     started = time.perf_counter()
     out = check_out(config.out, "prune")
     if not (Path(config.input) / "bullets.parquet").is_file():  # a directory read whole (a corpus dir reads one file)

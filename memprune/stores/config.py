@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
-from memprune.precision import Precision
+from memprune.prune.config import PruneConfig, ScoringRuntime
 
 KINDS = ("table", "lance", "mem0")
 FIELDS = ("id", "text", "group", "time")
@@ -76,7 +76,27 @@ class StoreOptions(ConfigModel):
         return v
 
 
-class ScoreConfig(ConfigModel):
+class StorePruneConfig(PruneConfig):
+    """Config of `memprune prune` and `jobs/prune.py`: a bullets store, or an external store with its options."""
+
+    input: str = Field(description="bullets store: a Parquet file, or a directory of them (a corpus dir: its bullets.parquet); "
+                       "or an external store KIND:LOCATION (table:PATH, lance:PATH, mem0:CONFIG; see memprune.stores)")
+    store: StoreOptions = Field(default_factory=StoreOptions,
+                                description="external stores only: column map, --apply mode (memprune.stores)")
+
+    @model_validator(mode="after")
+    def _dry_run_or_apply(self) -> "StorePruneConfig":
+        if self.dry_run and self.store.apply != "none":
+            raise ValueError("dry_run and store.apply exclude each other: a dry run never changes a store "
+                             "(decide without --apply, read prune.md, then --apply)")
+        return self
+
+    def bullets_config(self, **paths: Any) -> PruneConfig:
+        """The prune stage's own config (validated), optionally with other paths or rule (`input`, `out`, `rule`)."""
+        return PruneConfig.model_validate({**self.model_dump(exclude={"store"}), **paths})
+
+
+class ScoreConfig(ScoringRuntime):
     """`memprune score`: add the scorer's score (and calibrated score) to a store, deciding nothing."""
 
     scorer: str = Field(description="scorer artifact directory")
@@ -84,11 +104,9 @@ class ScoreConfig(ConfigModel):
     out: str = Field(description="output directory: scores.parquet, score.json, score.md")
     store: StoreOptions = Field(default_factory=StoreOptions)
     write: bool = Field(True, description="write memprune_score (and memprune_score_calibrated) into the store")
-    batch_size: int = Field(128, ge=1)
-    block_rows: int = Field(2048, ge=1)
-    actors: int | None = Field(None, ge=1)
-    actor_cpus: float = Field(1.0, gt=0)
-    use_gpu: bool | Literal["auto"] = "auto"
-    precision: Precision = "auto"
-    ray_address: str | None = None
-    progress: bool = True
+
+    def bullets_config(self, **paths: Any) -> PruneConfig:
+        """The prune stage's config that only scores: this runtime, no rule, raw scores (`input`, `out` given)."""
+        rule = {"threshold": None, "top_k": None, "group_by": "conversation", "dedup": False, "min_keep": 0}
+        return PruneConfig.model_validate({**self.model_dump(include=set(ScoringRuntime.model_fields)),
+                                           "scorer": self.scorer, "rule": rule, "score": "raw", **paths})

@@ -22,10 +22,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memprune.io import OutputSet, check_committed, check_out, write_jsonl, write_summary
+from memprune.io import OutputSet, check_committed, check_out, check_out_outside, write_jsonl, write_summary
+from memprune import prune
+from memprune.prune.report import render_markdown
+from memprune.runtime import ensure_ray
 from memprune.stores.apply import apply_decision
 from memprune.stores.base import Store, chunks, open_store
-from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, split_input
+from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, StorePruneConfig, split_input
 from memprune.stores.export import HASH, TIME, Export, export
 from memprune.stores.report import render_score, store_section
 
@@ -59,17 +62,6 @@ def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | 
 POLICY_FIELDS = ("policy", "threshold", "top_k", "budget_tokens", "fraction")
 
 
-def check_out_outside(out: Path, location: str, what: str) -> None:
-    """Refuse an output directory inside (or equal to) the store it reads: the store would read memprune's own files."""
-    loc = Path(location)
-    if not loc.exists():
-        return
-    o, l = out.resolve(), loc.resolve()
-    if o == l or l in o.parents:
-        raise StoreError(f"--out {out}: inside the {what} {location}; memprune would read its own outputs as store "
-                         "records (and an apply would delete them). Put --out outside the store")
-
-
 def _check_request(config: Any, out: Path) -> None:
     """`--apply` changes a user's store: only with a policy the user named, and a decision they could read first."""
     if config.rule.group_by != "conversation" and "group_by" in config.rule.model_fields_set:
@@ -86,8 +78,17 @@ def _check_request(config: Any, out: Path) -> None:
                          "decision and its counts per group to prune.md), read it, then add --apply; nothing was changed")
 
 
-def run_prune(config: Any) -> dict[str, Any]:
-    """Decide on the store of `config.input` (a `PruneConfig`) and write the decision; or apply the decision in OUT."""
+def run(config: StorePruneConfig) -> dict[str, Any]:
+    """`memprune prune`: a bullets path goes straight to the prune stage; `KIND:LOCATION` to `run_prune`."""
+    if split_input(config.input) is not None:
+        return run_prune(config)
+    if config.store.apply != "none" or config.store.map:
+        raise StoreError(f"{config.input}: --apply and --map are for external stores (table:, lance:, mem0: inputs)")
+    return prune.run(config.bullets_config())
+
+
+def run_prune(config: StorePruneConfig) -> dict[str, Any]:
+    """Decide on the store of `config.input` and write the decision; or apply the decision in OUT."""
     out = check_out(config.out, "prune")
     store = _open(config.input, config.store)
     try:
@@ -107,32 +108,22 @@ def run_prune(config: Any) -> dict[str, Any]:
         store.close()
 
 
-def _job(store: Store, config: Any, out: Path, rule: dict[str, Any],
-         score: str | None = None) -> tuple[Export, dict[str, Any], pa.Table]:
-    """Export the store and run the prune job on it (scores `score`: raw, calibrated or auto, default the config's);
-    (export, the job's summary, its output table)."""
-    from memprune.prune.config import PruneConfig
-    from memprune.prune.stage import check_scorer
-    from memprune.prune.stage import run as run_job
-    from memprune.prune.store import read_pruned
-    from memprune.runtime import ensure_ray
-
-    check_scorer(config.scorer)
+def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Path,
+         **fields: Any) -> tuple[Export, dict[str, Any], pa.Table]:
+    """Export the store and run the prune stage on it (its config from `config.bullets_config`, with `fields`);
+    (export, the stage's summary, its output table)."""
+    prune.check_scorer(config.scorer)
     ensure_ray(config.ray_address)
     work = out / WORK / "store"
-    exp = export(store, work / "export", getattr(config, "io_cpus", 0.1))
-    fields = {k: v for k, v in config.model_dump().items() if k in PruneConfig.model_fields and k != "store"}
-    fields |= {"input": str(exp.bullets), "out": str(work / "prune"), "rule": rule}
-    if score is not None:
-        fields["score"] = score
-    job = run_job(PruneConfig.model_validate(fields))
-    return exp, job, read_pruned(work / "prune")
+    exp = export(store, work / "export", config.io_cpus)
+    job = prune.run(config.bullets_config(input=str(exp.bullets), out=str(work / "prune"), **fields))
+    return exp, job, prune.read_pruned(work / "prune")
 
 
 def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
     rule = config.rule.model_dump() | {"group_by": "conversation"}
-    exp, job, pruned = _job(store, config, out, rule)
+    exp, job, pruned = _job(store, config, out, rule=rule)
     cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
             "text": pruned.column("text"), "hash": pruned.column(HASH), "score": pruned.column("score"),
             "keep": pruned.column("keep"), "reason": pruned.column("reason").cast(pa.string()),
@@ -160,8 +151,6 @@ def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
     with OutputSet(out, "prune") as outputs:
         pq.write_table(decision, outputs.path("decision.parquet"))
         write_jsonl(outputs.path("rejects.jsonl"), exp.rejects)
-        from memprune.prune.report import render_markdown
-
         shown = {**job, "output": {**job["output"], "store": str(out / "decision.parquet")}}
         write_summary(outputs.staging, "prune", summary, render_markdown(shown) + store_section(summary))
     _clean(out)
@@ -204,8 +193,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
     store = _open(config.input, config.store)
     try:
         check_out_outside(out, store.location, f"{store.kind} store")
-        rule = {"threshold": None, "top_k": None, "group_by": "conversation", "dedup": False}
-        exp, job, pruned = _job(store, config, out, rule, score="raw")
+        exp, job, pruned = _job(store, config, out)
         scores = pruned.column("score").to_numpy()
         calibrated = calibrated_scores(config.scorer, scores)
         table = pa.table({"id": pruned.column("bullet_id"), "memprune_score": pruned.column("score")})
