@@ -254,6 +254,19 @@ def _folds(n: int, groups: np.ndarray | None, k: int, seed: int) -> np.ndarray:
     return (rng.permutation(len(uniq)) % k)[inv]
 
 
+def _cross_fit_units(n: int, groups: np.ndarray | None) -> int:
+    """How many units (groups, else rows) the cross-fitting can deal to folds; fewer than 2 is a `CalibrationError`.
+
+    With one group every fold but one is empty and that one has no training rows: the method choice
+    would be an in-sample one (or, before this check, a crash on an empty training fold).
+    """
+    units = n if groups is None else len(np.unique(groups))
+    if units < 2:
+        raise CalibrationError(f"the validation rows come from {units} conversation(s); cross-fitting the choice of "
+                               "method keeps each conversation in one fold and needs at least 2 (raise split.valid)")
+    return units
+
+
 def _summary(p: np.ndarray, y: np.ndarray, bins: int) -> dict[str, float]:
     return {"brier": brier(p, y), "ece": ece(p, y, bins)}
 
@@ -294,7 +307,7 @@ def fit_calibration(
         raise CalibrationError(f"all {n} validation labels are on one side of the relevance threshold "
                                f"{relevance_threshold}: nothing to calibrate against")
     g = None if groups is None else np.asarray(groups)
-    k = max(2, min(cv_folds, n if g is None else len(np.unique(g))))
+    k = max(2, min(cv_folds, _cross_fit_units(n, g)))
     fold = _folds(n, g, k, seed)
     candidates: dict[str, dict[str, float]] = {}
     errors: dict[str, np.ndarray] = {}

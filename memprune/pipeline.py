@@ -15,9 +15,9 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
@@ -65,16 +65,44 @@ class PipelineConfig(ConfigModel):
         None, description="stage/seed of the scorer that prunes, e.g. stage2/seed0 (default: last trained stage, first seed)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rule_once(cls, data: Any) -> Any:
+        """A step's own `rule` is refused before that step's settings are checked, so the message names the fix."""
+        for section in ("evaluate", "prune"):
+            given = data.get(section) if isinstance(data, dict) else None
+            if (isinstance(given, dict) and "rule" in given) or (
+                    isinstance(given, ConfigModel) and "rule" in given.model_fields_set):
+                raise ValueError(f"{section}.rule: set the pruning rule once, as the top-level `rule`")
+        return data
+
     @model_validator(mode="after")
     def _one_rule(self) -> "PipelineConfig":
-        for section in ("evaluate", "prune"):
-            if "rule" in getattr(self, section).model_fields_set:
-                raise ValueError(f"{section}.rule: set the pruning rule once, as the top-level `rule`")
-        # The evaluation's tables are the paper's: the rule's threshold and top-k, whatever policy prune applies.
-        paper = PruneRule.of(threshold=self.rule.threshold, top_k=self.rule.top_k, group_by=self.rule.group_by)
-        self.evaluate = self.evaluate.model_copy(update={"rule": paper})
-        self.prune = self.prune.model_copy(update={"rule": self.rule})
+        self.prune = _with_rule(PruneSettings, self.prune, self.rule, "prune")
+        if "evaluate" in self.steps:
+            # The evaluation's tables are the paper's: the rule's threshold and top-k (no min_keep), whatever policy
+            # prune applies. Checked only when evaluate runs: without it a rule only prune can use is fine.
+            paper = PruneRule.of(threshold=self.rule.threshold, top_k=self.rule.top_k, group_by=self.rule.group_by,
+                                  min_keep=0)
+            self.evaluate = _with_rule(EvalSettings, self.evaluate, paper, "evaluate")
         return self
+
+
+S = TypeVar("S", bound=ConfigModel)
+
+
+def _with_rule(model: type[S], settings: S, rule: PruneRule, step: str) -> S:
+    """`settings` with the pipeline's `rule`, validated again by the step's own model.
+
+    A `model_copy(update=...)` would skip the step's checks of its rule (evaluate measures sessions
+    and needs a threshold), so a bad rule would load, run label and train, then fail at that step.
+    """
+    try:
+        return model.model_validate({**settings.model_dump(), "rule": rule.model_dump()})
+    except ValidationError as exc:
+        problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise ValueError(f"the {step} step cannot use the pipeline's rule: {problems}"
+                         + (" (or leave evaluate out of steps)" if step == "evaluate" else "")) from exc
 
 
 def is_uri(path: str) -> bool:
@@ -114,7 +142,8 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[s
             from memprune.synth import SynthConfig
             from memprune.synth import run as synth
 
-            result = synth(SynthConfig(**c.model_dump(include=set(SynthSettings.model_fields)), out=dirs["data"]))
+            result = synth(validate(SynthConfig, {**c.model_dump(include=set(SynthSettings.model_fields)),
+                                                  "out": dirs["data"]}, "pipeline data"))
         else:
             from memprune.ingest import ingest
 
@@ -124,32 +153,46 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[s
         from memprune.label import LabelConfig
         from memprune.label import run as label
 
-        result = label(LabelConfig(**cfg.label.model_dump(), data=dirs["data"], out=dirs["label"]))
+        result = label(validate(LabelConfig, {**cfg.label.model_dump(), "data": dirs["data"], "out": dirs["label"]},
+                                "pipeline label"))
         return result, {"bullets_labelled": result["counts"]["bullets_labelled"],
                         "pairs": result["counts"].get("pairs"), "error_rate": result.get("error_rate")}
     if step == "train":
         from memprune.train import TrainConfig
         from memprune.train import run as train
 
-        result = train(TrainConfig(**cfg.train.model_dump(), data=dirs["data"], labels=[dirs["label"]],
-                                   out=dirs["train"]))
+        result = train(validate(TrainConfig, {**cfg.train.model_dump(), "data": dirs["data"], "labels": [dirs["label"]],
+                                              "out": dirs["train"]}, "pipeline train"))
         return result, {"stages": cfg.train.stages, "seeds": cfg.train.seeds}
     if step == "evaluate":
         from memprune.evaluate import EvalConfig
         from memprune.evaluate import run as evaluate
 
-        result = evaluate(EvalConfig(**cfg.evaluate.model_dump(), run=dirs["train"], out=dirs["evaluate"],
-                                     data=dirs["data"]))
+        result = evaluate(validate(EvalConfig, {**cfg.evaluate.model_dump(), "run": dirs["train"],
+                                                "out": dirs["evaluate"], "data": dirs["data"]}, "pipeline evaluate"))
         return result, {"report": str(dirs["evaluate"] / "report.md")}
     from memprune.prune import PruneConfig
     from memprune.prune import run as prune
 
     scorer = dirs["train"] / (cfg.prune_scorer or f"{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}")
-    result = prune(PruneConfig(**cfg.prune.model_dump(), scorer=str(scorer), input=str(dirs["data"] / "bullets.parquet"),
-                               out=str(dirs["prune"])))
-    return result, {"rows_in": result["input"]["rows"], "rows_out": result["output"]["rows"],
-                    "bullet_reduction_pct": result["result"]["bullet_reduction_pct"],
-                    "token_reduction_pct": result["result"]["token_reduction_pct"]}
+    result = prune(validate(PruneConfig, {**cfg.prune.model_dump(), "scorer": str(scorer),
+                                          "input": str(dirs["data"] / "bullets.parquet"), "out": str(dirs["prune"])},
+                            "pipeline prune"))
+    headline = {"rows_in": result["input"]["rows"], "rows_out": result["output"]["rows"],
+                "bullet_reduction_pct": result["result"]["bullet_reduction_pct"],
+                "token_reduction_pct": result["result"]["token_reduction_pct"]}
+    return result, headline | _emptied(result)
+
+
+def _emptied(result: dict[str, Any]) -> dict[str, Any]:
+    """Print the warning `memprune prune` prints when pruning left many groups empty; it also goes to pipeline.json."""
+    from memprune.prune.report import emptied_warning
+
+    warning = emptied_warning(result)
+    if warning is None:
+        return {}
+    console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+    return {"warning": warning}
 
 
 NEEDS = {"data": (), "label": ("data",), "train": ("data", "label"), "evaluate": ("data", "train"),

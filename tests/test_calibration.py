@@ -123,6 +123,9 @@ def test_fit_refuses_rows_that_cannot_calibrate() -> None:
         fit_calibration(np.append(s, np.nan), np.append(np.linspace(0, 1, 100), 0.5))
     with pytest.raises(CalibrationError, match="unknown calibration method"):
         fit_calibration(s, np.linspace(0, 1, 100), methods=["beta"])
+    with pytest.raises(CalibrationError, match="1 conversation"):  # no training fold to cross-fit on
+        fit_calibration(s, np.linspace(0, 1, 100), groups=["c1"] * 100)
+    assert fit_calibration(s, np.linspace(0, 1, 100), groups=["c1", "c2"] * 50).validation["cv_folds"] == 2
 
 
 def test_calibration_json_roundtrip_and_errors(tmp_path: Path) -> None:

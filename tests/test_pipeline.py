@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
+from typer.testing import CliRunner
 
-from memprune.pipeline import headline, quickstart_config, run_pipeline
+from memprune.config import ConfigError, parse_overrides
+from memprune.pipeline import PipelineConfig, headline, quickstart_config, run_pipeline
 
-pytestmark = pytest.mark.slow
+squeeze = lambda text: "".join(text.split())  # noqa: E731 - rich wraps long lines
+
 
 def test_quickstart_config_and_bad_data_spec() -> None:
     cfg = quickstart_config("runs/q")
@@ -20,6 +24,69 @@ def test_quickstart_config_and_bad_data_spec() -> None:
         quickstart_config("runs/q", "parquet:/x")
 
 
+@pytest.mark.parametrize("override, message", [
+    ("rule.group_by=conversation", "rule.group_by must be session, got 'conversation'"),
+    ("rule.threshold=null", "rule.threshold must be a number"),
+    ("evaluate.rule.group_by=conversation", "set the pruning rule once"),
+    ("prune.rule.threshold=0.3", "set the pruning rule once"),
+])
+def test_a_rule_the_evaluate_step_refuses_fails_as_the_config_loads(
+        override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, such a rule was copied into the evaluate settings unchecked (model_copy): the pipeline ran data,
+    label and train, then evaluate died in a pydantic traceback. Now the config does not load: one line, no work."""
+    from memprune.cli import app
+    from memprune.runtime import run_job
+
+    with pytest.raises(ConfigError, match=message):
+        quickstart_config(str(tmp_path / "q"), overrides=[override])
+    res = CliRunner().invoke(app, ["quickstart", "--out", str(tmp_path / "q"), "--set", override])
+    assert res.exit_code == 2 and squeeze(res.output).startswith("error:") and squeeze(message) in squeeze(res.output)
+    assert "Traceback" not in res.output and not (tmp_path / "q").exists()
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump({"out": str(tmp_path / "job"), **parse_overrides([override])}))
+    assert run_job("pipeline", PipelineConfig, run_pipeline, argv=[str(tmp_path / "pipeline.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error:") and message in err
+    assert not (tmp_path / "job").exists()
+
+
+def test_the_pipeline_rule_reaches_each_step_validated() -> None:
+    """Prune gets the rule as given; evaluate gets its paper's view (threshold, top-k, sessions, min_keep 0).
+    Without the evaluate step a rule only prune can use loads."""
+    cfg = quickstart_config("runs/q", overrides=["rule.threshold=0.3", "rule.top_k=2", "rule.min_keep=2"])
+    assert (cfg.prune.rule.threshold, cfg.prune.rule.top_k, cfg.prune.rule.min_keep) == (0.3, 2, 2)
+    e = cfg.evaluate.rule
+    assert (e.threshold, e.top_k, e.group_by, e.min_keep, e.policy) == (0.3, 2, "session", 0, "rule")
+    cfg = quickstart_config("runs/q", overrides=["rule.group_by=conversation", "rule.threshold=null",
+                                                 "steps=[data,label,train,prune]"])
+    assert cfg.prune.rule.group_by == "conversation" and cfg.prune.rule.threshold is None
+    with pytest.raises(ConfigError, match="budget_tokens"):
+        quickstart_config("runs/q", overrides=["rule.policy=budget"])
+
+
+@pytest.mark.slow
+def test_the_prune_step_warns_when_pruning_empties_groups(
+        ray_local, fixtures_dir: Path, scorer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The pipeline's (and so the quickstart's) prune step prints the emptied-groups warning of `memprune prune`,
+    and records it in pipeline.json."""
+    import shutil
+
+    from memprune.ingest import ingest
+    from memprune.prune.report import emptied_warning
+
+    ingest("locomo", fixtures_dir / "locomo_mini.json", tmp_path / "data")
+    shutil.copytree(scorer_dir, tmp_path / "train" / "vanilla" / "seed0")
+    cfg = PipelineConfig.model_validate({
+        "out": str(tmp_path), "steps": ["prune"], "train": {"stages": ["vanilla"], "seeds": [0]},
+        "rule": {"threshold": 0.99, "min_keep": 0}, "prune": {"progress": False, "actors": 1}})
+    summary = run_pipeline(cfg)
+    warning = emptied_warning(json.loads((tmp_path / "prune" / "prune.json").read_text()))
+    assert warning is not None and warning.startswith("100% of the sessions")
+    assert squeeze(f"warning: {warning}") in squeeze(capsys.readouterr().err)
+    assert summary["steps"]["prune"]["warning"] == warning
+    assert json.loads((tmp_path / "pipeline.json").read_text())["steps"]["prune"]["warning"] == warning
+
+
+@pytest.mark.slow
 def test_quickstart_to_a_storage_uri_with_a_quiet_terminal(tmp_path: Path) -> None:
     """The `memprune` executable runs the quickstart into a storage URI: steps run in a local staging dir and
     each finished step is uploaded. The terminal keeps progress, one line per step and the summary; Ray's

@@ -289,7 +289,11 @@ def train(
     set_: Optional[list[str]] = SET,
     evaluate: bool = typer.Option(True, "--eval/--no-eval", help="Then run `memprune evaluate` into OUT/eval."),
 ) -> None:
-    """Train the scorer stages (vanilla, stage 1, stage 2) over seeds on Ray Train (rerun to resume)."""
+    """Train the scorer stages (vanilla, stage 1, stage 2) over seeds on Ray Train (rerun to resume).
+
+    A failure is one line: a user error exits 2; anything else (a bug) exits 1, its traceback in a log file.
+    """
+    from memprune.runtime import log_exception, one_line
     from memprune.train import TrainConfig, run
 
     seed_list = _csv(seeds)
@@ -297,22 +301,29 @@ def train(
         seed_values = [int(s) for s in seed_list] if seed_list else None
     except ValueError:
         fail(f"--seeds {seeds!r}: give comma-separated integers")
-    cfg, summary = run_stage(TrainConfig, run, config, set_, {
-        "data": data, "labels": labels or None, "out": out, "encoder": encoder, "ray.num_workers": workers,
-        "folds": folds, "stages": _csv(stages), "seeds": seed_values, "label_weights": _label_weights(label_weight),
-        "label_weight_by": label_weight_by})
-    for stage, entry in summary["stage_summary"].items():
-        mse = entry.get("val_mse", {})
-        console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"
-                      f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
-    console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
-    if evaluate:
-        from memprune.evaluate import EvalConfig
-        from memprune.evaluate import run as run_evaluate
+    try:
+        cfg, summary = run_stage(TrainConfig, run, config, set_, {
+            "data": data, "labels": labels or None, "out": out, "encoder": encoder, "ray.num_workers": workers,
+            "folds": folds, "stages": _csv(stages), "seeds": seed_values,
+            "label_weights": _label_weights(label_weight), "label_weight_by": label_weight_by})
+        for stage, entry in summary["stage_summary"].items():
+            mse = entry.get("val_mse", {})
+            console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"
+                          f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
+        console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
+        if evaluate:
+            from memprune.evaluate import EvalConfig
+            from memprune.evaluate import run as run_evaluate
 
-        _, result = run_stage(EvalConfig, run_evaluate, None, None,
-                              {"run": cfg.out, "out": cfg.out / "eval", "data": cfg.data})
-        console.print(f"evaluation report: {result['outputs']['report']}", highlight=False)
+            _, result = run_stage(EvalConfig, run_evaluate, None, None,
+                                  {"run": cfg.out, "out": cfg.out / "eval", "data": cfg.data})
+            console.print(f"evaluation report: {result['outputs']['report']}", highlight=False)
+    except typer.Exit:
+        raise
+    except Exception as exc:  # not a user error (run_stage turned those into one line and exit 2)
+        console.print(f"[bold red]error:[/] train failed: {type(exc).__name__}: {one_line(exc)} "
+                      f"(details: {log_exception(exc, 'train')})", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None
 
 
 @app.command()
