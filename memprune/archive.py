@@ -10,11 +10,13 @@ external store) first writes every dropped record whole into an archive director
   `store`, a JSON description of the store the records came from (its `kind` picks the restorer).
 
 `restore(archive_dir, ids)` re-inserts archived records through the restorer registered for the
-manifest's store kind (`register_restorer`), so each store package adds its own kind.
+manifest's store kind (`register_restorer`), so each store package adds its own kind; the manifest's
+`store.provider` names the memprune module that registers it, imported when no restorer is known yet.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -105,10 +107,6 @@ def read_ids(path: str | Path) -> list[str]:
     return [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
 
 
-# Where each archive kind's restorer registers itself when imported: memprune's own bullets stores
-# (`--emit split`) and the external stores (every `memprune.stores` kind registers with its class).
-PROVIDERS = {"bullets": "memprune.prune.split", "table": "memprune.stores", "lance": "memprune.stores",
-             "mem0": "memprune.stores"}
 Restorer = Callable[[Archive, dict[str, Any]], dict[str, Any]]
 _RESTORERS: dict[str, Restorer] = {}
 
@@ -121,11 +119,9 @@ def register_restorer(kind: str, restorer: Restorer) -> None:
 def restore(directory: str | Path, ids: Iterable[str] | None = None, **options: Any) -> dict[str, Any]:
     """Put archived records (all, or `ids`) back into the store they came from; returns the restorer's summary."""
     archive = read_archive(directory, ids)
-    kind = archive.store["kind"]
-    if kind not in _RESTORERS and kind in PROVIDERS:
-        import importlib
-
-        importlib.import_module(PROVIDERS[kind])
+    kind, provider = archive.store["kind"], str(archive.store.get("provider") or "")
+    if kind not in _RESTORERS and provider.startswith("memprune."):  # the module that registers this kind
+        importlib.import_module(provider)
     if kind not in _RESTORERS:
         raise ArchiveError(f"{archive.path}: no restorer for store kind {kind!r} (known: {', '.join(sorted(_RESTORERS))})")
     return _RESTORERS[kind](archive, options)

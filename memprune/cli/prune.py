@@ -105,7 +105,7 @@ def restore(
 
 
 def load_restorers() -> None:
-    """Import the packages that register archive restorers (bullets: memprune.prune; other stores: memprune.stores)."""
+    """Import the packages that register archive restorers (archives written before manifests named their provider)."""
     import importlib
 
     for name in ("memprune.prune", "memprune.stores"):

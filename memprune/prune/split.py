@@ -62,8 +62,8 @@ def write_split(pruned: pa.Table, input_ids: pa.ChunkedArray, columns: list[str]
                .append_column(REASON, dropped.column("reason"))
                .append_column(DUPLICATE_OF, dropped.column("duplicate_of"))
                .append_column(POSITION, pa.array(positions[~keep], pa.int64())))
-    description = {"kind": STORE_KIND, **store, "kept": str(final / KEPT_DIR), "rows": pruned.num_rows,
-                   "columns": columns}
+    description = {"kind": STORE_KIND, "provider": __name__, **store, "kept": str(final / KEPT_DIR),
+                   "rows": pruned.num_rows, "columns": columns}
     write_archive(staging / DROPPED_DIR, records, id_column="bullet_id", store=description, fingerprint=fingerprint)
     return {"kept": {"path": str(final / KEPT_DIR), "rows": kept.num_rows},
             "dropped": {"path": str(final / DROPPED_DIR), "rows": records.num_rows, "fingerprint": fingerprint}}

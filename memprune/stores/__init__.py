@@ -4,9 +4,10 @@
     memprune prune --input mem0:mem0.yaml --scorer S --out OUT --apply    # archive + delete dropped
     memprune.archive.restore("OUT/archive")                                # put them back
 
-- `config`: `StoreOptions` (map, apply, batch), `StorePruneConfig`, `ScoreConfig`, `split_input`, `parse_map`.
-- `base`: the `Store` interface and the normal form (id, text, group, time, hash, reject).
-- `table`, `lance_store`, `mem0_store`: the three kinds (each registers its archive restorer).
+- `config`: `StoreOptions` (map, apply, batch), `StorePruneConfig`, `ScoreConfig`, `parse_map`.
+- `base`: the `Store` interface, the normal form (id, text, group, time, hash, reject), the registry of
+  kinds (`@register`: `open_store`, `split_input`, and the one restorer `restore_into`).
+- `table` (+ `records`: record-exact CSV/JSONL), `lance_store`, `mem0_store`: the three built-in kinds.
 - `export`: the store -> Ray Data (one read task per partition) -> sorted bullets layout + fingerprint.
 - `apply`: the changed-store check, the archive, the deletes / flags.
 - `stage`: `run(cfg)` (what `memprune prune` and `jobs/prune.py` call: a bullets path goes to
@@ -16,9 +17,9 @@
 from __future__ import annotations
 
 from memprune.stores import lance_store, mem0_store, table  # noqa: F401  (register the kinds and restorers)
-from memprune.stores.base import NORMAL, Store, normalize, open_store
-from memprune.stores.config import KINDS, ScoreConfig, StoreError, StoreOptions, StorePruneConfig, parse_map, split_input
+from memprune.stores.base import NORMAL, Store, kinds, normalize, open_store, register, split_input
+from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, StorePruneConfig, parse_map
 from memprune.stores.stage import calibrated_scores, run, run_prune, run_score
 
-__all__ = ["KINDS", "NORMAL", "ScoreConfig", "Store", "StoreError", "StoreOptions", "StorePruneConfig",
-           "calibrated_scores", "normalize", "open_store", "parse_map", "run", "run_prune", "run_score", "split_input"]
+__all__ = ["NORMAL", "ScoreConfig", "Store", "StoreError", "StoreOptions", "StorePruneConfig", "calibrated_scores",
+           "kinds", "normalize", "open_store", "parse_map", "register", "run", "run_prune", "run_score", "split_input"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -100,8 +101,12 @@ class Store(ABC):
         return {k: v for k, v in self.mapping.items() if not k.startswith("_")}
 
     def describe(self) -> dict[str, Any]:
-        """What the archive manifest and the decision record about this store (`kind` picks the restorer)."""
-        return {"kind": self.kind, "location": self.location, "map": self.fields}
+        """What the archive manifest and the decision record about this store.
+
+        `kind` picks the restorer; `provider` is the module that registers it, so `memprune.archive.restore`
+        finds it in a fresh interpreter.
+        """
+        return {"kind": self.kind, "location": self.location, "map": self.fields, "provider": type(self).__module__}
 
     @abstractmethod
     def raw_partitions(self) -> list[Partition]:
@@ -184,12 +189,33 @@ def restore_into(archive: Archive, options: dict[str, Any]) -> dict[str, Any]:
             "restored": restored, "already_present": records.num_rows - todo.num_rows}
 
 
+def kinds() -> list[str]:
+    """The registered store kinds (`memprune.stores` registers its own when imported, a plugin by `@register`)."""
+    return sorted(_KINDS)
+
+
+def split_input(text: str) -> tuple[str, str] | None:
+    """(kind, location) of a `KIND:LOCATION` store input; None for a bare path (memprune's own bullets table).
+
+    An existing path is always a bare path; `foo:bar` with an unregistered kind `foo` is an error.
+    """
+    if Path(text).exists() or ":" not in text:
+        return None
+    kind, _, location = text.partition(":")
+    if len(kind) == 1:  # a drive letter, not a store kind
+        return None
+    if kind not in _KINDS:
+        raise StoreError(f"--input {text}: unknown store kind {kind!r} (known: {', '.join(kinds())}; "
+                         "or give a bullets Parquet path)")
+    if not location:
+        raise StoreError(f"--input {text}: the {kind} store needs a location after '{kind}:'")
+    return kind, location
+
+
 def open_store(kind: str, location: str, mapping: dict[str, str] | None = None) -> Store:
     """Open a store of `kind` at `location` with the column mapping."""
-    from memprune.stores import lance_store, mem0_store, table  # noqa: F401  (register the kinds)
-
     if kind not in _KINDS:
-        raise StoreError(f"unknown store kind {kind!r} (known: {', '.join(sorted(_KINDS))})")
+        raise StoreError(f"unknown store kind {kind!r} (known: {', '.join(kinds())})")
     return _KINDS[kind](location, mapping)
 
 

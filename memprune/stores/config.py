@@ -15,31 +15,12 @@ from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.prune.config import PruneConfig, ScoringRuntime
 
-KINDS = ("table", "lance", "mem0")
 FIELDS = ("id", "text", "group", "time")
 ApplyMode = Literal["none", "delete", "flag"]
 
 
 class StoreError(MemPruneError):
     """A store that cannot be opened, read, changed or restored; the message names the store and field."""
-
-
-def split_input(text: str) -> tuple[str, str] | None:
-    """(kind, location) of a `KIND:LOCATION` store input; None for a bare path (memprune's own bullets table).
-
-    An existing path is always a bare path; `foo:bar` with an unknown kind `foo` is an error.
-    """
-    if Path(text).exists() or ":" not in text:
-        return None
-    kind, _, location = text.partition(":")
-    if len(kind) == 1:  # a drive letter, not a store kind
-        return None
-    if kind not in KINDS:
-        raise StoreError(f"--input {text}: unknown store kind {kind!r} (known: {', '.join(KINDS)}; "
-                         "or give a bullets Parquet path)")
-    if not location:
-        raise StoreError(f"--input {text}: the {kind} store needs a location after '{kind}:'")
-    return kind, location
 
 
 def parse_map(text: str | None) -> dict[str, str]:

@@ -27,13 +27,14 @@ from memprune import prune
 from memprune.prune.report import render_markdown
 from memprune.runtime import ensure_ray
 from memprune.stores.apply import apply_decision
-from memprune.stores.base import Store, chunks, open_store
-from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, StorePruneConfig, split_input
+from memprune.stores.base import Store, chunks, open_store, split_input
+from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, StorePruneConfig
 from memprune.stores.export import HASH, TIME, Export, export
 from memprune.stores.report import render_score, store_section
 
 WORK = ".work"
 BULLET_MAP = {"id": "bullet_id", "text": "text", "group": "conversation_id"}
+SAME_STORE = ("kind", "location", "map")  # what makes a decision in OUT one for this store
 
 
 def _open(input: str, options: StoreOptions) -> Store:
@@ -46,7 +47,7 @@ def _open(input: str, options: StoreOptions) -> Store:
 def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | None:
     """Why the decision in OUT is not the one `config` would make (None when it is)."""
     old = summary.get("store", {})
-    if {k: old.get(k) for k in ("kind", "location", "map")} != store.describe():
+    if {k: old.get(k) for k in SAME_STORE} != {k: store.describe()[k] for k in SAME_STORE}:
         return f"it was made for store {old.get('kind')}:{old.get('location')} with map {old.get('map')}"
     if summary.get("scorer", {}).get("path") != str(Path(config.scorer).resolve()):
         return f"it was made with scorer {summary.get('scorer', {}).get('path')}"
