@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from memprune.cli import CONFIG, SET, _top_k, app, console, fail, run_stage, user_errors
+from memprune.cli.common import CONFIG, SET, _top_k, app, console, fail, run_stage, user_errors
 
 
 @app.command()

