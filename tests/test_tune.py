@@ -1,8 +1,10 @@
-"""`memprune tune`: Ray Tune over stage 1 and stage 2 on a tiny corpus, ASHA stopping a bad stage-2 trial."""
+"""`memprune tune`: Ray Tune over stage 1 and stage 2 on a tiny corpus, ASHA stopping a bad stage-2 trial; the
+CLI and `jobs/tune.py` over a stage-1 search with a failing trial, rerun to reuse the finished ones."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +97,93 @@ def test_tune_config_refuses_bad_spaces(corpus: tuple[Path, Path], tmp_path: Pat
     base = _config(*corpus, tmp_path).train
     for value in (["query", "dense"], '["query", "dense"]'):  # as given, and as Tune carries it (JSON)
         assert apply_point(base, {"stage2.lora.target_modules": value}).stage2.lora.target_modules == ["query", "dense"]
+
+
+def test_a_failed_trial_is_recorded_as_its_cause_in_one_line() -> None:
+    """Tune hands back a trial's exception wrapped by Ray: its first line is a coloured header naming no cause."""
+    import traceback
+
+    from ray.exceptions import RayTaskError
+
+    from memprune.train.config import TrainError
+    from memprune.tune.stage import error_line
+
+    def wrapped(exc: Exception) -> BaseException:
+        try:
+            raise exc
+        except Exception as raised:
+            return RayTaskError("ImplicitFunc.train", traceback.format_exc(), raised, proctitle="ray::ImplicitFunc.train()",
+                                pid=1, ip="192.0.2.2", actor_repr="run_trial", actor_id="ab12").as_instanceof_cause()
+
+    worker = wrapped(RuntimeError("Training failed due to worker errors:\n[Rank 0 Error Snippet]:\nhealth check failed"))
+    assert str(worker).startswith("\x1b[36mray::")  # what the record held before
+    assert error_line(worker) == ("RuntimeError: Training failed due to worker errors: [Rank 0 Error Snippet]: "
+                                  "health check failed")
+    assert error_line(wrapped(TrainError("stage1: worker 0 of 1 got no train sessions"))) == \
+        "stage1: worker 0 of 1 got no train sessions"  # a memprune error: its own message
+    assert len(error_line(wrapped(ValueError("x" * 1000)))) == 300
+
+
+def _search_yaml(data: Path, labels: Path, out: Path, marker: Path) -> str:
+    """A stage-1-only search of three trials; the first trial's worker is SIGKILLed in its second epoch and its
+    Ray Train run may not retry (`ray.max_failures: 0`), so that trial fails as a trial does when a node dies."""
+    return yaml.safe_dump({
+        "data": str(data), "labels": [str(labels)], "out": str(out), "max_concurrent": 1,
+        "stage1_space": {"stage1.lr": {"low": 1e-3, "high": 3e-2, "log": True}}, "stage2_trials": 0,
+        "train": {
+            "max_length": 24, "split": {"valid": 3, "test": 2}, "head": {"hidden": 16},
+            "stage1": {"epochs": 2, "lr": 3e-3, "batch_size": 32, "patience": 2},
+            "embed": {"batch_size": 64, "actors": 1}, "ray": {"num_workers": 1, "use_gpu": False, "max_failures": 0},
+            "fault": {"stage": "stage1", "after_epoch": 1, "marker": str(marker)},
+        },
+    })
+
+
+@pytest.mark.slow
+def test_tune_cli_records_a_failed_trial_goes_on_and_a_job_rerun_reuses_the_finished(
+        corpus: tuple[Path, Path], tmp_path: Path, ray_local: Any) -> None:
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from memprune.cli import app
+
+    out, marker = tmp_path / "tune", tmp_path / "killed.txt"
+    config = tmp_path / "tune.yaml"
+    config.write_text(_search_yaml(*corpus, out, marker))
+    res = CliRunner().invoke(app, ["tune", "--config", str(config), "--stage1-trials", "3"])
+    assert res.exit_code == 0, res.output
+    assert marker.is_file()  # the fault fired: one trial's worker was killed
+    first = json.loads((out / "tune.json").read_text())
+    s1 = first["stage1_trials"]
+    assert len(s1) == 3 and len({r["settings"]["stage1.lr"] for r in s1}) == 3
+    failed = [r for r in s1 if r["status"] == "error"]
+    done = [r for r in s1 if r["status"] == "completed"]
+    # the base point runs first and is the one killed: one clear recorded error; the search went on
+    assert len(failed) == 1 and failed[0]["settings"]["stage1.lr"] == 3e-3, [(r["status"], r["error"]) for r in s1]
+    err = failed[0]["error"]  # the cause, in one line: not Ray's coloured wrapper header
+    assert re.match(r"\w+(Error|Exception): \S", err) and "\n" not in err and "\x1b" not in err and "ray::" not in err
+    assert len(done) == 2 and all(r["metric"] is not None and not r["reused"] for r in done)
+    best = max(done, key=lambda r: r["metric"])  # the failed trial's last epoch reported a metric too: never chosen
+    assert first["stage1_chosen"]["metric"] is not None and first["best_stage2"] is None
+    tuned = yaml.safe_load((out / "train-tuned.yaml").read_text())
+    assert tuned["stage1"]["lr"] == pytest.approx(best["settings"]["stage1.lr"])
+    assert "| error |" in (out / "tune.md").read_text()
+
+    # the same search again as a Ray job (its own process and Ray): the finished trials are read back, not
+    # retrained; the failed one runs again, and (the fault fired once) finishes now
+    log = tmp_path / "job.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "jobs" / "tune.py"),
+                               str(config), "stage1_trials=3"], stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    again = json.loads((out / "tune.json").read_text())
+    by_lr = {r["settings"]["stage1.lr"]: r for r in again["stage1_trials"]}
+    assert set(by_lr) == {r["settings"]["stage1.lr"] for r in s1}  # the same seeded samples
+    for r in done:
+        reused = by_lr[r["settings"]["stage1.lr"]]
+        assert reused["status"] == "completed" and reused["reused"] and reused["metric"] == r["metric"]
+        assert reused["cost_s"] == pytest.approx(r["train_s"], abs=1e-3)  # what its first run cost, not the lookup
+    retried = by_lr[3e-3]
+    assert retried["status"] == "completed" and not retried["reused"] and retried["error"] is None

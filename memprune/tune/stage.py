@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import zlib
 from pathlib import Path
@@ -33,6 +34,7 @@ from memprune.tune.space import base_point, encode, max_epochs, param_space, ses
 from memprune.work import digest
 
 console = Console(stderr=True)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its error headers
 
 
 def subsample_train(inputs: Inputs, fraction: float, seed: int) -> Inputs:
@@ -172,7 +174,7 @@ def _record(stage: str, result: Any, statuses: dict[str, str]) -> dict[str, Any]
         "trial_id": trial_id,
         "settings": dict(result.config or {}),
         "status": status,
-        "error": str(result.error).splitlines()[0][:300] if result.error is not None else None,
+        "error": error_line(result.error) if result.error is not None else None,
         "metric": _num(m.get(METRIC)),
         "n_sessions": m.get("n_sessions"),
         "epochs_run": m.get("epochs_run") if status == "completed" else m.get("epoch"),
@@ -186,6 +188,22 @@ def _record(stage: str, result: Any, statuses: dict[str, str]) -> dict[str, Any]
         "dir": m.get("dir"),
         "history": history,
     }
+
+
+def error_line(error: BaseException) -> str:
+    """Why a trial failed, in one line of at most 300 characters: the memprune error behind it (raised in a
+    trial or a Ray Train worker), else the innermost cause's type and message, never the header of Ray's
+    wrapper (`ray::ImplicitFunc.train() (pid=..., actor_id=...)`, in terminal colours), which names no cause."""
+    from memprune.errors import MemPruneError
+    from memprune.runtime import one_line, user_error
+
+    cause, seen = error, {id(error)}
+    while isinstance(getattr(cause, "cause", None), BaseException) and id(cause.cause) not in seen:
+        cause = cause.cause  # a RayTaskError is also an instance of its cause's class: unwrap it, do not test it
+        seen.add(id(cause))
+    mine = cause if isinstance(cause, MemPruneError) else user_error(error)  # else: one named in the wrapped text
+    text = one_line(mine) if mine is not None else f"{type(cause).__name__}: {one_line(cause)}"
+    return _ANSI.sub("", text)[:300]
 
 
 def _num(v: Any) -> float | None:
