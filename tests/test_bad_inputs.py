@@ -370,6 +370,7 @@ def test_every_command_gives_one_clear_line(world: dict[str, Path]) -> None:
     assert not failures, f"{len(failures)} of {len(all_cases)} cases:\n" + "\n".join(failures)
 
 
+@pytest.mark.slow  # starts a local Ray cluster (the GPU requests are checked against it)
 def test_gpu_requests_without_a_gpu_give_one_clear_line(world: dict[str, Path]) -> None:
     """`use_gpu=true` where the Ray cluster these commands use (this process's) has no GPU: one line, exit 2.
 
