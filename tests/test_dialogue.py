@@ -19,18 +19,16 @@ from memprune.dialogue import (
     DialogueEvalConfig,
     SampleSettings,
     build_rows,
-    bullets_by_session,
-    load_keep,
-    memory_pool,
     run_dialogue_eval,
     sample_targets,
-    top_k,
 )
 from memprune.dialogue import metrics as M
 from memprune.llm import LLMConfig, parse_reply
 from memprune.llm.engines import HttpRequest, VLLMRequest
 from memprune.llm.prompts import NO_MEMORY
 from memprune.llm.run import finish_rows, prepare_rows, settle_rows
+from memprune.memory import PrunedStoreError, bullets_by_session, load_keep, memory_pool, top_k
+from memprune.memory import bootstrap as B
 from memprune.schema import BULLETS, SESSIONS, bullet_id, turn_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,26 +231,26 @@ def test_mauve_matches_the_library_on_our_features(minilm_path):
 
 
 def test_bootstrap_intervals():
-    idx = M.bootstrap_indices(50, 400, seed=1)
-    assert idx.shape == (400, 50) and (idx == M.bootstrap_indices(50, 400, seed=1)).all()
+    idx = B.bootstrap_indices(50, 400, seed=1)
+    assert idx.shape == (400, 50) and (idx == B.bootstrap_indices(50, 400, seed=1)).all()
     values = np.linspace(0, 1, 50)
-    boot = M.mean_bootstrap(values, idx)
-    lo, hi = M.percentile_ci(boot, 0.95)
+    boot = B.mean_bootstrap(values, idx)
+    lo, hi = B.percentile_ci(boot, 0.95)
     assert lo < 0.5 < hi and hi - lo < 0.25
-    assert M.percentile_ci(np.array([]), 0.95) is None
+    assert B.percentile_ci(np.array([]), 0.95) is None
 
 
 def test_pruned_store_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.parquet"
     pq.write_table(pa.table({"bullet_id": ["x"], "score": [0.3]}), bad)
-    with pytest.raises(DialogueError, match=r"bad.parquet: column 'keep' missing"):
+    with pytest.raises(PrunedStoreError, match=r"bad.parquet: column 'keep' missing"):
         load_keep(bad)
     dup = tmp_path / "store" / "pruned"
     dup.mkdir(parents=True)
     pq.write_table(pa.table({"bullet_id": ["x", "x"], "keep": [True, False]}), dup / "part-00000.parquet")
-    with pytest.raises(DialogueError, match="appears twice"):
+    with pytest.raises(PrunedStoreError, match="appears twice"):
         load_keep(tmp_path / "store")
-    with pytest.raises(DialogueError, match="not found"):
+    with pytest.raises(PrunedStoreError, match="not found"):
         load_keep(tmp_path / "missing")
 
 

@@ -23,11 +23,11 @@ from typer.testing import CliRunner
 from test_llm_vllm import require_vllm
 
 from memprune.cli import app
-from memprune.dialogue import metrics as M
 from memprune.llm import QA_JUDGE_SCHEMA, LLMConfig, parse_answer, parse_qa_judge
 from memprune.llm.engines import HttpRequest, VLLMRequest
 from memprune.llm.prompts import NO_MEMORY, answer_messages, load_template
 from memprune.llm.run import finish_rows, prepare_rows, settle_rows
+from memprune.memory import bootstrap as B
 from memprune.qa import (
     Corpus,
     QAError,
@@ -103,7 +103,7 @@ def locomo(tmp_path_factory, fixtures_dir) -> Path:
 
 
 def _corpus(data: Path):
-    from memprune.dialogue import bullets_by_session
+    from memprune.memory import bullets_by_session
 
     questions = load_questions(pq.read_table(data / "qa.parquet"))
     return questions, Corpus.build(pq.read_table(data / "sessions.parquet"),
@@ -201,8 +201,7 @@ def test_prompt_and_memory_tokens_by_hand(tmp_path, minilm_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from memprune.dialogue.stage import TokenCounter
-    from memprune.qa.stage import prompt_tokens
+    from memprune.llm.tokens import PromptTokens
 
     tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -210,7 +209,7 @@ def test_prompt_and_memory_tokens_by_hand(tmp_path, minilm_path):
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     fast.save_pretrained(tmp_path / "words")
     llm = LLMConfig(engine="hf", model=str(tmp_path / "words"))
-    counter = TokenCounter(llm, minilm_path)
+    counter = PromptTokens(llm, minilm_path)
     assert counter.chat and "generator tokenizer (words)" in counter.unit
     assert counter.text("Alice adopted a cat.") == 4 and counter.text("Bob runs.") == 2 and counter.text("") == 0
     alice = {"id": "b0", "session_index": 1, "time": None, "speaker": "Alice", "text": "Alice adopted a cat."}
@@ -218,7 +217,7 @@ def test_prompt_and_memory_tokens_by_hand(tmp_path, minilm_path):
     rows = pa.Table.from_pylist([{"question": "Who runs?", "memory": []},
                                  {"question": "Who runs?", "memory": [alice, bob]},
                                  {"question": "Who runs every day?", "memory": [alice, bob]}])
-    none, both, longer = prompt_tokens(rows, llm, counter, progress=False)
+    none, both, longer = counter.prompts(rows, "answer")
     # <note | session="1" | speaker="Alice">Alice | adopted | a | cat.</note>                        = 6
     # <note | session="2" | time="8 | May | 2023" | speaker="Bob">Bob | runs.</note>                 = 7
     # replacing "(no memory notes)" (3 chunks) by the two notes adds 6 + 7 - 3 = 10; "every day" adds 2
@@ -276,8 +275,7 @@ def test_answer_and_verdict_prompts_parsing_and_schemas():
 
 
 def test_scores_intervals_and_tokens_of_a_small_table():
-    from memprune.dialogue.config import BootstrapSettings
-    from memprune.dialogue.scoring import cost_table
+    from memprune.memory import BootstrapSettings, cost_table
     from memprune.qa.scoring import score_groups
 
     base = {"judge_error": None, "abstained": False, "tokens_in": 10, "tokens_out": 2}
@@ -302,9 +300,9 @@ def test_scores_intervals_and_tokens_of_a_small_table():
     assert 0.0 <= lo <= 0.625 <= hi <= 1.0
     diff = got["comparisons"]["overall"]["pruned-all"]["f1"]
     assert diff["delta"] == pytest.approx(-0.125) and diff["ci"][0] <= -0.125 <= diff["ci"][1]
-    idx = M.bootstrap_indices(4, 300, 1)  # the same resamples for both conditions: a paired interval
-    d = M.mean_bootstrap(np.array([1.0, 0.0, 0.0, 1.0]), idx) - M.mean_bootstrap(np.array([1.0, 0.5, 0.0, 1.0]), idx)
-    assert diff["ci"] == pytest.approx(M.percentile_ci(d, 0.95)) and diff["p_better"] == 0.0
+    idx = B.bootstrap_indices(4, 300, 1)  # the same resamples for both conditions: a paired interval
+    d = B.mean_bootstrap(np.array([1.0, 0.0, 0.0, 1.0]), idx) - B.mean_bootstrap(np.array([1.0, 0.5, 0.0, 1.0]), idx)
+    assert diff["ci"] == pytest.approx(B.percentile_ci(d, 0.95)) and diff["p_better"] == 0.0
     tokens = cost_table(table, ["all", "pruned"], unit="questions", notes="notes")
     assert tokens["pruned"]["memory_tokens"]["total"] == 100 and tokens["all"]["memory_tokens"]["total"] == 400
     assert tokens["pruned"]["memory_tokens_vs_all_pct"] == pytest.approx(-75.0)

@@ -17,11 +17,13 @@ template; only the memory notes differ, and they are always listed in chronologi
 Sampling is deterministic and stable: each candidate turn is ranked by a hash of
 (seed, turn id) and the first `turns` are taken, so a turn's selection does not depend on
 the order of the corpus files, and a larger `turns` is a superset of a smaller one.
+
+The bullets, their pools, the hash rank and the retrieval top-k are `memprune.memory.conditions`,
+which qa-eval builds its conditions from too; what is dialogue's own is the target turn.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from memprune.errors import MemPruneError
+from memprune.memory.conditions import Bullet, memory_pool, rank_key, top_k
 
 CONDITIONS: tuple[str, ...] = ("none", "all", "pruned", "retrieval")
 Condition = Literal["none", "all", "pruned", "retrieval"]
@@ -78,23 +81,6 @@ class Target:
     context: tuple[tuple[str, str], ...]  # (speaker, text) of the turns before it in its session
 
 
-@dataclass(frozen=True)
-class Bullet:
-    """A memory bullet of the corpus, with its position in its session (for chronological order)."""
-
-    bullet_id: str
-    conversation_id: str
-    session_index: int
-    position: int
-    speaker: str | None
-    text: str
-
-    def note(self) -> dict[str, Any]:
-        """The bullet as a memory note of the reply prompt."""
-        return {"bullet_id": self.bullet_id, "session_index": self.session_index, "speaker": self.speaker,
-                "text": self.text}
-
-
 @dataclass
 class SampleSettings:
     """Which turns are evaluated: how many, the seed, and the eligibility rules."""
@@ -114,32 +100,6 @@ class Candidates:
     targets: list[Target]
     eligible: int
     excluded: dict[str, int] = field(default_factory=dict)
-
-
-def rank_key(seed: int, turn_id: str) -> bytes:
-    """The sampling rank of a turn: a hash of (seed, turn id), the same in every process and run."""
-    return hashlib.blake2b(f"{seed}|{turn_id}".encode("utf-8"), digest_size=16).digest()
-
-
-def bullets_by_session(bullets: pa.Table) -> dict[str, dict[int, list[Bullet]]]:
-    """conversation -> session -> its bullets in table order (empty-text bullets are skipped)."""
-    out: dict[str, dict[int, list[Bullet]]] = defaultdict(lambda: defaultdict(list))
-    cols = {c: bullets.column(c).to_pylist() for c in ("bullet_id", "conversation_id", "session_index", "speaker", "text")}
-    for i in range(bullets.num_rows):
-        text = cols["text"][i]
-        if not isinstance(text, str) or not text.strip():
-            continue
-        conv, sess = cols["conversation_id"][i], int(cols["session_index"][i])
-        group = out[conv][sess]
-        group.append(Bullet(cols["bullet_id"][i], conv, sess, len(group), cols["speaker"][i], text))
-    return out
-
-
-def memory_pool(by_session: Mapping[str, Mapping[int, list[Bullet]]], conversation_id: str,
-                session_index: int) -> list[Bullet]:
-    """Every bullet of the sessions before `session_index` of the conversation, chronologically."""
-    sessions = by_session.get(conversation_id, {})
-    return [b for s in sorted(sessions) if s < session_index for b in sessions[s]]
 
 
 def sample_targets(sessions: pa.Table, by_session: Mapping[str, Mapping[int, list[Bullet]]],
@@ -202,15 +162,6 @@ def retrieval_query(target: Target, turns: int) -> str:
     """The text a retrieval baseline embeds: the last `turns` context turns (`speaker: text` lines)."""
     recent = target.context[-turns:] if turns > 0 else ()
     return "\n".join(f"{speaker}: {text}" for speaker, text in recent)
-
-
-def top_k(similarities: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest similarities, ties to the earlier index, returned in ascending index order."""
-    k = max(0, min(int(k), len(similarities)))
-    if k == 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((np.arange(len(similarities)), -np.asarray(similarities, dtype=np.float64)))
-    return np.sort(order[:k])
 
 
 Embed = Callable[[Sequence[str]], np.ndarray]

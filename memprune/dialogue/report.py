@@ -5,35 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from memprune.dialogue.scoring import METRICS
+from memprune.memory.report import delta_cell, value_cell
 
 LABELS = {"none": "No memory", "all": "All memory", "retrieval": "Retrieval", "pruned": "Pruned memory"}
 METRIC_NAMES = {"bleu": "BLEU", "rouge_l": "ROUGE-L", "bertscore_f1": "BERTScore F1", "mauve": "MAUVE"}
-
-
-def value_cell(entry: dict[str, Any] | None, digits: int) -> str:
-    """`value [lo, hi]` of a `{value, ci}` entry, `n/a` when there is no value."""
-    if not entry or entry.get("value") is None:
-        return "n/a"
-    text = f"{entry['value']:.{digits}f}"
-    if entry.get("ci"):
-        lo, hi = entry["ci"]
-        text += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
-    return text
-
-
-def delta_cell(entry: dict[str, Any] | None, digits: int) -> str:
-    """`+delta [lo, hi] (P>0 p)` of a paired difference, `n/a` when there is none."""
-    if not entry:
-        return "n/a"
-    text = f"{entry['delta']:+.{digits}f}"
-    if entry.get("ci"):
-        lo, hi = entry["ci"]
-        text += f" [{lo:+.{digits}f}, {hi:+.{digits}f}]"
-    if entry.get("p_better") is not None:
-        text += f" (P>0 {entry['p_better']:.2f})"
-    return text
-
-
 DIGITS = {"bleu": 2, "rouge_l": 4, "bertscore_f1": 4, "mauve": 4}
 
 

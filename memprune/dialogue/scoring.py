@@ -1,9 +1,9 @@
 """Scoring the generated replies against the real ones: metrics per condition on paired targets, bootstrap
-intervals, paired differences, and the cost (bullets and tokens) of each memory condition."""
+intervals and paired differences (`memprune.memory.bootstrap`; the cost per condition is
+`memprune.memory.cost.cost_table`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -11,42 +11,9 @@ import pyarrow as pa
 
 from memprune.dialogue import metrics as M
 from memprune.dialogue.config import DialogueEvalConfig
+from memprune.memory import bootstrap as B
 
 METRICS = ("bleu", "rouge_l", "bertscore_f1", "mauve")
-
-
-def token_stats(values: Sequence[float]) -> dict[str, float | None]:
-    """Mean, median, 95th percentile (linear interpolation) and total of per-row counts."""
-    if not len(values):
-        return {"mean": None, "median": None, "p95": None, "total": 0}
-    arr = np.asarray(values, dtype=np.float64)
-    return {"mean": float(arr.mean()), "median": float(np.median(arr)), "p95": float(np.percentile(arr, 95)),
-            "total": float(arr.sum())}
-
-
-def cost_table(gen: pa.Table, conditions: Sequence[str], unit: str = "targets", notes: str = "bullets"
-               ) -> dict[str, dict[str, Any]]:
-    """Per condition: rows (`unit`), memory notes (`notes`), prompt and memory tokens per row (mean, median, p95,
-    total), the engine's own token counts, and the change of the totals against `all` in percent."""
-    rows = gen.select(["condition", "n_memory", "prompt_tokens", "memory_tokens", "tokens_in", "tokens_out"]).to_pylist()
-    out: dict[str, dict[str, Any]] = {}
-    for c in conditions:
-        mine = [r for r in rows if r["condition"] == c]
-        out[c] = {
-            unit: len(mine),
-            notes: token_stats([r["n_memory"] for r in mine]),
-            "prompt_tokens": token_stats([r["prompt_tokens"] for r in mine]),
-            "memory_tokens": token_stats([r["memory_tokens"] for r in mine]),
-            "engine_tokens_in": sum(r["tokens_in"] or 0 for r in mine),
-            "engine_tokens_out": sum(r["tokens_out"] or 0 for r in mine),
-        }
-    if "all" in out:
-        base = out["all"]
-        for c, entry in out.items():
-            for key in ("prompt_tokens", "memory_tokens", notes):
-                b, v = base[key]["total"], entry[key]["total"]
-                entry[f"{key}_vs_all_pct"] = 100.0 * (v - b) / b if b else None
-    return out
 
 
 def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig, encoder: Any,
@@ -68,7 +35,7 @@ def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig,
     references = [refs[t] for t in paired]
     hyps = {c: [str(by_turn[t][c]) for t in paired] for c in conditions}
     conf = cfg.bootstrap.confidence
-    idx = M.bootstrap_indices(n, cfg.bootstrap.samples, cfg.bootstrap.seed)
+    idx = B.bootstrap_indices(n, cfg.bootstrap.samples, cfg.bootstrap.seed)
     boots: dict[str, dict[str, np.ndarray]] = {c: {} for c in conditions}
     points: dict[str, dict[str, float | None]] = {c: {} for c in conditions}
     extra: dict[str, dict[str, Any]] = {c: {} for c in conditions}
@@ -80,7 +47,7 @@ def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig,
         points[c]["rouge_l"] = float(rouge.mean())
         if len(idx):
             boots[c]["bleu"] = M.bleu_bootstrap(stats, idx)
-            boots[c]["rouge_l"] = M.mean_bootstrap(rouge, idx)
+            boots[c]["rouge_l"] = B.mean_bootstrap(rouge, idx)
     if bertscore is not None:
         flat = [h for c in conditions for h in hyps[c]]
         scores = bertscore(flat, references * len(conditions))
@@ -90,7 +57,7 @@ def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig,
             extra[c]["bertscore_precision"] = float(part["precision"].mean())
             extra[c]["bertscore_recall"] = float(part["recall"].mean())
             if len(idx):
-                boots[c]["bertscore_f1"] = M.mean_bootstrap(part["f1"], idx)
+                boots[c]["bertscore_f1"] = B.mean_bootstrap(part["f1"], idx)
     else:
         result["notes"].append("BERTScore disabled")
     mauve_cfg = cfg.mauve
@@ -116,9 +83,9 @@ def score_replies(gen: pa.Table, conditions: list[str], cfg: DialogueEvalConfig,
     elif mauve_cfg.enabled:
         result["notes"].append(f"MAUVE not computed: {n} paired targets < mauve.min_samples {mauve_cfg.min_samples}")
     for c in conditions:
-        entry = {m: M.with_interval(points[c].get(m), boots[c].get(m), conf) for m in METRICS}
+        entry = {m: B.with_interval(points[c].get(m), boots[c].get(m), conf) for m in METRICS}
         entry.update(extra[c])
         entry["n"] = n
         result["per_condition"][c] = entry
-    result["comparisons"] = M.comparisons(points, boots, conditions, METRICS, conf)
+    result["comparisons"] = B.comparisons(points, boots, conditions, METRICS, conf)
     return result

@@ -1,13 +1,14 @@
 """`memprune dialogue-eval`: generate next-session replies under memory conditions and score them.
 
 Reads a corpus (`DATA/sessions.parquet`, `DATA/bullets.parquet`) and a pruned store (the
-`memprune prune` output), samples target turns, builds one generation row per target and
+`memprune prune` output, read by `memprune.memory.store`), samples target turns, builds one generation row per target and
 memory condition (`memprune.dialogue.plan`), generates the replies through
 `memprune.llm.run_llm(task="reply")` on Ray Data (any engine: vllm, http, hf), scores them
 against the real turns (`memprune.dialogue.metrics`) and writes into `OUT/`:
 
 - `generations.parquet`  one row per target x condition: context, memory, reference, reply,
-                         errors, attempts, prompt and memory token counts;
+                         errors, attempts, prompt tokens (`memprune.llm.tokens`: the reply prompt as
+                         the engine gets it) and memory tokens (the bullet texts);
 - `rejects.jsonl`        rows whose reply failed after retries (with the raw model text);
 - `dialogue.json`        everything measured: per condition metrics with bootstrap intervals,
                          paired differences, cost (bullets, prompt tokens), LLM outcome, settings;
@@ -21,9 +22,7 @@ rescoring is repeated.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +33,18 @@ from rich.console import Console
 
 from memprune.dialogue import metrics as M
 from memprune.dialogue.config import DialogueEvalConfig
-from memprune.dialogue.plan import (
-    DialogueError,
-    build_rows,
-    bullets_by_session,
-    memory_pool,
-    sample_targets,
-)
+from memprune.dialogue.plan import DialogueError, build_rows, sample_targets
 from memprune.dialogue.report import render_markdown
-from memprune.dialogue.scoring import cost_table, score_replies
+from memprune.dialogue.scoring import score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
-from memprune.errors import MemPruneError
 from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import results_schema, run_llm_chunks
-from memprune.llm.prompts import load_template, reply_messages
+from memprune.llm.prompts import load_template
+from memprune.llm.tokens import PromptTokens
+from memprune.memory.conditions import bullets_by_session, memory_pool
+from memprune.memory.cost import cost_table
+from memprune.memory.store import load_keep, missing_from_store
 from memprune.rejects import Ledger
 from memprune.runtime import torch_device
 
@@ -57,108 +53,9 @@ console = Console(stderr=True)
 RESULTS = results_schema("reply")
 
 
-def pruned_files(path: str | Path) -> list[Path]:
-    """The Parquet files of a pruned store: `DIR/pruned/part-*.parquet`, a dir of Parquet files, or one file."""
-    p = Path(path)
-    if p.is_file():
-        return [p]
-    if not p.exists():
-        raise DialogueError(f"{p}: pruned store not found (give a `memprune prune` output directory)")
-    if (p / "pruned").is_dir():
-        p = p / "pruned"
-    files = sorted(f for f in p.glob("*.parquet") if not f.name.startswith((".", "_")))
-    if not files:
-        raise DialogueError(f"{p}: no Parquet files here (expected the pruned store of `memprune prune`)")
-    return files
-
-
-def load_keep(path: str | Path) -> tuple[dict[str, bool], dict[str, Any]]:
-    """bullet id -> keep flag of a pruned store, and what the report says about it (files, rule)."""
-    files = pruned_files(path)
-    keep: dict[str, bool] = {}
-    for f in files:
-        try:
-            schema = pq.read_schema(f)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise DialogueError(f"{f}: cannot read as Parquet: {exc}") from exc
-        for col, typ in (("bullet_id", pa.string()), ("keep", pa.bool_())):
-            if col not in schema.names:
-                raise DialogueError(f"{f}: column {col!r} missing (not a pruned store: run `memprune prune`)")
-            if not schema.field(col).type.equals(typ):
-                raise DialogueError(f"{f}: column {col!r} has type {schema.field(col).type}, expected {typ}")
-        table = pq.read_table(f, columns=["bullet_id", "keep"])
-        ids, flags = table.column("bullet_id").to_pylist(), table.column("keep").to_pylist()
-        for i, (bid, flag) in enumerate(zip(ids, flags)):
-            if bid is None or flag is None:
-                raise DialogueError(f"{f}: row {i}: {'bullet_id' if bid is None else 'keep'} is null")
-            if bid in keep:
-                raise DialogueError(f"{f}: row {i}: bullet_id {bid!r} appears twice in the pruned store")
-            keep[bid] = bool(flag)
-    info: dict[str, Any] = {"path": str(Path(path)), "files": [str(f) for f in files], "bullets": len(keep),
-                            "kept": sum(keep.values())}
-    report = files[0].parent.parent / "prune.json" if files[0].parent.name == "pruned" else None
-    if report is not None and report.is_file():
-        try:
-            rule = json.loads(report.read_text(encoding="utf-8")).get("rule") or {}
-            info["rule"] = {k: rule.get(k) for k in ("threshold", "top_k", "group_by")}
-        except (ValueError, OSError):
-            pass
-    return keep, info
-
-
-def missing_from_store(keep: Mapping[str, bool], bullet_ids: Iterable[str], store: str, policy: str, what: str,
-                       error: type[MemPruneError] = DialogueError) -> list[str]:
-    """The memory bullets absent from the pruned store, sorted; with `policy` "error" any is an `error` naming
-    the store (`pruned_missing: drop` counts them as not kept instead)."""
-    missing = sorted({b for b in bullet_ids if b not in keep})
-    if missing and policy == "error":
-        raise error(f"{store}: {len(missing)} memory bullet(s) of {what} are not in the pruned store, e.g. "
-                    f"{missing[0]!r} (was it pruned from another bullets table? set pruned_missing: drop to count "
-                    f"them as not kept)")
-    return missing
-
-
-class TokenCounter:
-    """Prompt token counts: the generator's tokenizer + chat template when the model is a local directory,
-    else the encoder's tokenizer on the message contents (the report says which)."""
-
-    def __init__(self, llm: LLMConfig, encoder_dir: str) -> None:
-        from transformers import AutoTokenizer
-
-        model = Path(llm.model)
-        self.chat = False
-        if model.is_dir() and any((model / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-            self.tok = AutoTokenizer.from_pretrained(str(model), trust_remote_code=llm.trust_remote_code)
-            self.chat = getattr(self.tok, "chat_template", None) is not None
-            how = "with its chat template" if self.chat else "on the message contents (no chat template)"
-            self.unit = f"generator tokenizer ({model.name}) {how}"
-        else:
-            self.tok = AutoTokenizer.from_pretrained(encoder_dir)
-            self.unit = (f"encoder tokenizer ({model_label(encoder_dir)}) on the message contents: the generator "
-                         f"{llm.model!r} is not a local directory")
-
-    def text(self, text: str) -> int:
-        """Tokens of `text` (no special tokens)."""
-        return len(self.tok(text, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]) if text else 0
-
-    def prompt(self, messages: list[dict[str, str]]) -> int:
-        """Tokens of the whole prompt as the generator sees it (approximately, without a chat template)."""
-        if self.chat:
-            ids = self.tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return len(ids)
-        return self.text("\n\n".join(m["content"] for m in messages))
-
-
-def count_tokens(rows: pa.Table, llm: LLMConfig, counter: TokenCounter) -> tuple[list[int], list[int]]:
-    """(prompt tokens, memory tokens) of every generation row; memory = the bullet texts alone."""
-    template = load_template(llm.prompt_name("reply"), "reply")
-    prompt, memory = [], []
-    for row in rows.select(["context", "memory", "target_speaker"]).to_pylist():
-        prompt.append(counter.prompt(reply_messages(row, template)))
-        memory.append(counter.text("\n".join(n["text"] for n in row["memory"])))
-    return prompt, memory
+def memory_tokens(rows: pa.Table, counter: PromptTokens) -> list[int]:
+    """Tokens of every generation row's memory: the bullet texts alone, one per line (no note tags)."""
+    return counter.texts(["\n".join(n["text"] for n in memory) for memory in rows.column("memory").to_pylist()])
 
 
 def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path, chunk_rows: int, block_rows: int,
@@ -201,8 +98,9 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
                               max_length=cfg.encoder_max_length, device=device)
     rows = build_rows(sampled.targets, by_session, cfg.conditions, keep=keep, embed=encoder.encode,
                       retrieval_k=cfg.retrieval_k, retrieval_turns=cfg.retrieval_turns)
-    counter = TokenCounter(llm, encoder_dir)
-    prompt_tokens, memory_tokens = count_tokens(rows, llm, counter)
+    counter = PromptTokens(llm, encoder_dir)
+    prompt_tokens = counter.prompts(rows, "reply", cfg.progress)
+    memory_counts = memory_tokens(rows, counter)
     console.print(f"dialogue-eval: {len(sampled.targets)} target turns (of {sampled.eligible} eligible) x "
                   f"{len(cfg.conditions)} conditions = {rows.num_rows} generations with {llm.describe('reply')}",
                   highlight=False)
@@ -214,7 +112,7 @@ def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
                                            cfg.progress)
         generation_s = time.perf_counter() - t_gen
         gen = rows.append_column("prompt_tokens", pa.array(prompt_tokens, pa.int64())) \
-                  .append_column("memory_tokens", pa.array(memory_tokens, pa.int64()))
+                  .append_column("memory_tokens", pa.array(memory_counts, pa.int64()))
         for f in RESULTS:
             if f.name != "row_id":
                 gen = gen.append_column(f, results.column(f.name))

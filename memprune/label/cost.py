@@ -6,7 +6,8 @@ its own mode next to what the engine measured. Rules, precisely:
 
 - tokenizer: the judge model's own (its local directory: tokenizer and chat template), else a named
   fallback (`cost.tokenizer`, default the local all-MiniLM-L6-v2 tokenizer; without a chat template
-  the messages are joined under `<|role|>` header lines). The report names it.
+  the messages are joined under `<|role|>` header lines). The prompt text is `memprune.llm.tokens`'s
+  `render_prompt`, the one every LLM prompt count uses. The report names the tokenizer.
 - prompts are counted line by line with a cache (a corpus repeats the same system text, context
   turns and bullets thousands of times); merges across a line break are ignored, and the plan
   reports that error measured on a sample against whole-prompt tokenization (`line_split_error`).
@@ -44,6 +45,7 @@ from memprune.llm.prompts import (
     render_note,
     reply_messages,
 )
+from memprune.llm.tokens import has_chat_template, local_tokenizer, render_prompt
 from memprune.tokens import backend_encoder
 
 HOLE = "\ue000"  # a private-use character: survives escaping, never occurs in dialogue text
@@ -57,9 +59,7 @@ class PromptCounter:
     def __init__(self, model: str | None, fallback: str | None = None, trust_remote_code: bool = False) -> None:
         from transformers import AutoTokenizer
 
-        local = model is not None and Path(model).is_dir() and any(
-            (Path(model) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-        if local:
+        if local_tokenizer(model):
             self.tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
             self.name = f"{model_label(model)} (the judge model's tokenizer)"
         else:
@@ -67,17 +67,15 @@ class PromptCounter:
             self.tokenizer = _fallback_tokenizer(where)
             why = "the judge model's tokenizer is not local" if model is not None else "no judge model given"
             self.name = f"{model_label(where)} (fallback: {why})"
-        self.chat = bool(getattr(self.tokenizer, "chat_template", None))
+        self.chat = has_chat_template(self.tokenizer)
         if not self.chat:
             self.name += ", no chat template: <|role|> header lines"
         self._encode = backend_encoder(self.tokenizer.backend_tokenizer)
         self._lines: dict[str, tuple[int, ...]] = {}
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text: the chat template with the generation prompt, or role header lines without one."""
-        if self.chat:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+        """The prompt text, as `memprune.llm.tokens` defines it for every LLM prompt count."""
+        return render_prompt(self.tokenizer, messages)
 
     def line_ids(self, lines: Sequence[str]) -> list[tuple[int, ...]]:
         """Token ids of each line (cached; new lines are encoded in one batch)."""

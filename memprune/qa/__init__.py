@@ -4,13 +4,17 @@
     summary = run(QAEvalConfig(data="runs/locomo", pruned="runs/locomo-pruned", out="runs/locomo-qa",
                                llm_config="configs/llm/vllm-gpu.yaml", judge_llm_config="configs/llm/vllm-gpu.yaml"))
 
-- `config`: `QAEvalConfig`.
+- `config`: `QAEvalConfig` (on `memprune.memory.MemoryEvalConfig`).
 - `plan`: questions, the memory scope of a question, the conditions (`none`, `all`, `pruned`,
   `retrieval`, `dialogue`) and the answer rows: pure, no Ray, no model.
 - `metrics`: LoCoMo's answer normalisation, token F1, BLEU-1, abstention: pure.
 - `scoring`: scores per category and condition with bootstrap intervals, paired differences, tokens.
 - `stage`: `run(cfg)`: answers through `run_llm(task="answer")`, verdicts through
   `run_llm(task="qa_judge")`, both resumable on Ray Data; `report`: qa.md and qa.png. See docs/qa-eval.md.
+
+The pruned store, the bullets and their pools, the bootstrap, the cost table and the report cells are
+`memprune.memory`'s, shared with dialogue-eval; prompt and memory tokens are `memprune.llm.tokens`'s.
+Nothing here imports the dialogue package (its sibling on `memprune.memory`).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from memprune.dialogue.config import MemoryEvalConfig
 from memprune.llm import LLMConfig
+from memprune.memory.config import MemoryEvalConfig
 from memprune.qa.plan import CONDITIONS, needs_keep
 
 # LoCoMo's categories as its released data numbers them (the paper's Table 2 order differs).

@@ -36,9 +36,9 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from memprune.dialogue.plan import Bullet, memory_pool, rank_key, top_k
 from memprune.errors import MemPruneError
 from memprune.llm.prompts import render_note
+from memprune.memory.conditions import Bullet, memory_pool, rank_key, top_k
 
 CONDITIONS: tuple[str, ...] = ("none", "all", "pruned", "retrieval", "dialogue")
 Scope = Literal["last_session", "evidence"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memprune.dialogue.report import delta_cell, value_cell
 from memprune.figures import new_figure, save_png
 from memprune.markdown import fmt, table
+from memprune.memory.report import delta_cell, value_cell
 from memprune.qa.scoring import ANSWERABLE, OVERALL
 
 METRIC_NAMES = {"f1": "F1", "bleu1": "BLEU-1", "judge": "J (judge)"}

@@ -1,6 +1,6 @@
 """Scores of qa-eval per question group and memory condition: means with bootstrap intervals, paired
-differences between conditions, and the tokens of each group (mean and p95; the cost table per condition
-is dialogue's `cost_table`).
+differences between conditions (`memprune.memory.bootstrap`), and the tokens of each group (mean and p95;
+the cost table per condition is `memprune.memory.cost.cost_table`).
 
 Every question has one row under every condition, and a failed answer or verdict scores 0 (it is
 counted as wrong, and its count is reported), so all conditions are scored on the same questions
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memprune.dialogue import metrics as M
-from memprune.dialogue.config import BootstrapSettings
-from memprune.dialogue.scoring import token_stats
+from memprune.memory import bootstrap as B
+from memprune.memory.config import BootstrapSettings
+from memprune.memory.cost import token_stats
 
 METRICS = ("f1", "bleu1", "judge")
 OVERALL, ANSWERABLE = "overall", "answerable"
@@ -67,7 +67,7 @@ def score_groups(answers: pa.Table, conditions: Sequence[str], names: Mapping[in
     conf = bootstrap.confidence
     for group, ids in question_groups(answers, names).items():
         sizes[group] = len(ids)
-        idx = M.bootstrap_indices(len(ids), bootstrap.samples, bootstrap.seed)
+        idx = B.bootstrap_indices(len(ids), bootstrap.samples, bootstrap.seed)
         points: dict[str, dict[str, float | None]] = {}
         boots: dict[str, dict[str, np.ndarray]] = {}
         metrics[group] = {}
@@ -77,9 +77,9 @@ def score_groups(answers: pa.Table, conditions: Sequence[str], names: Mapping[in
             if judged:
                 values["judge"] = [r["judge_score"] for r in mine]
             points[c] = {m: float(np.mean(v)) if v else None for m, v in values.items()}
-            boots[c] = {m: M.mean_bootstrap(np.asarray(v, dtype=np.float64), idx) for m, v in values.items()
+            boots[c] = {m: B.mean_bootstrap(np.asarray(v, dtype=np.float64), idx) for m, v in values.items()
                         if v and len(idx)}
-            entry: dict[str, Any] = {m: M.with_interval(points[c].get(m), boots[c].get(m), conf) if m in values
+            entry: dict[str, Any] = {m: B.with_interval(points[c].get(m), boots[c].get(m), conf) if m in values
                                      else None for m in METRICS}
             entry.update(
                 n=len(mine),
@@ -92,5 +92,5 @@ def score_groups(answers: pa.Table, conditions: Sequence[str], names: Mapping[in
                                if k in ("mean", "p95")},
             )
             metrics[group][c] = entry
-        comparisons[group] = M.comparisons(points, boots, conditions, METRICS, conf) if ids else {}
+        comparisons[group] = B.comparisons(points, boots, conditions, METRICS, conf) if ids else {}
     return {"groups": sizes, "metrics": metrics, "comparisons": comparisons}

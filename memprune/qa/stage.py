@@ -1,7 +1,7 @@
 """`memprune qa-eval`: answer the questions of a corpus's `qa` table under memory conditions and score them.
 
 Reads a corpus (`DATA/qa.parquet`, `DATA/sessions.parquet`, `DATA/bullets.parquet`) and a pruned
-store (the `memprune prune` output), builds one answer row per question and memory condition
+store (the `memprune prune` output, read by `memprune.memory.store`), builds one answer row per question and memory condition
 (`memprune.qa.plan`), answers through `run_llm(task="answer")` on Ray Data (any engine), scores the
 answers (`memprune.qa.metrics`: token F1, BLEU-1, abstention), asks the judge LLM for a CORRECT/WRONG
 verdict when one is configured (`run_llm(task="qa_judge")`), and writes into `OUT/`:
@@ -28,16 +28,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from rich.console import Console
-from tqdm import tqdm
 
-from memprune.dialogue.plan import bullets_by_session
-from memprune.dialogue.scoring import cost_table
-from memprune.dialogue.stage import TokenCounter, load_keep, missing_from_store
 from memprune.encoders import SentenceEncoder, resolve_encoder
 from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import run_llm_chunks
-from memprune.llm.prompts import answer_messages, load_template
+from memprune.llm.prompts import load_template
+from memprune.llm.tokens import PromptTokens
+from memprune.memory.conditions import bullets_by_session
+from memprune.memory.cost import cost_table
+from memprune.memory.store import load_keep, missing_from_store
 from memprune.qa.config import QAEvalConfig
 from memprune.qa.metrics import ABSTAIN, ABSTAIN_MARKERS, score_answer
 from memprune.qa.plan import (
@@ -96,14 +96,6 @@ def read_corpus(data: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
     if qa.num_rows == 0:
         raise QAError(f"{data / 'qa.parquet'}: the qa table is empty: no question to evaluate")
     return qa, read_table(data / "sessions.parquet", "sessions"), read_table(data / "bullets.parquet", "bullets")
-
-
-def prompt_tokens(rows: pa.Table, llm: LLMConfig, counter: TokenCounter, progress: bool) -> list[int]:
-    """Tokens of every answer prompt as the generator sees it (its chat template when it is a local model)."""
-    template = load_template(llm.prompt_name("answer"), "answer")
-    return [counter.prompt(answer_messages(row, template))
-            for row in tqdm(rows.select(["question", "memory"]).to_pylist(), desc="qa-eval: prompt tokens",
-                            unit="prompt", disable=not progress)]
 
 
 def judge_inputs(rows: pa.Table, answers: pa.Table) -> pa.Table:
@@ -184,7 +176,7 @@ def plan(cfg: QAEvalConfig, llm: LLMConfig) -> Plan:
         convs = {q.conversation_id for q in questions}
         missing = missing_from_store(keep, (b.bullet_id for c in convs for s in corpus.by_session.get(c, {}).values()
                                             for b in s), cfg.pruned, cfg.pruned_missing,
-                                     "the evaluated conversations", QAError)
+                                     "the evaluated conversations")
         pruned_info["missing_bullets"] = len(missing)
         if missing:
             notes.append(f"{len(missing)} memory bullet(s) absent from the pruned store counted as not kept")
@@ -193,10 +185,10 @@ def plan(cfg: QAEvalConfig, llm: LLMConfig) -> Plan:
     if "retrieval" in cfg.conditions:
         embed = SentenceEncoder(encoder_dir, batch_size=cfg.encoder_batch_size, max_length=cfg.encoder_max_length,
                                 device=torch_device(cfg.device)).encode
-    counter = TokenCounter(llm, encoder_dir)
-    rows = build_rows(questions, corpus, cfg.conditions, lambda texts: [counter.text(t) for t in texts], keep=keep,
-                      embed=embed, retrieval_k=cfg.retrieval_k, dialogue_tokens=cfg.dialogue_tokens, scope=cfg.scope)
-    prompts = prompt_tokens(rows, llm, counter, cfg.progress)
+    counter = PromptTokens(llm, encoder_dir)
+    rows = build_rows(questions, corpus, cfg.conditions, counter.texts, keep=keep, embed=embed,
+                      retrieval_k=cfg.retrieval_k, dialogue_tokens=cfg.dialogue_tokens, scope=cfg.scope)
+    prompts = counter.prompts(rows, "answer", cfg.progress)
     if llm.max_model_len:
         over = sum(1 for p in prompts if p + llm.sampling.max_tokens_for("answer", 1) > llm.max_model_len)
         if over:

@@ -1,0 +1,96 @@
+"""The pruned store as the memory evaluations read it: bullet id -> keep flag, and what its report says.
+
+A pruned store is what `memprune prune` writes (`DIR/pruned/part-*.parquet` next to `DIR/prune.json`), a
+directory of such Parquet files, or one file; only `bullet_id` and `keep` are read. Both dialogue-eval and
+qa-eval read it here, so a store that one accepts the other accepts too, with the same error lines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from memprune.errors import MemPruneError
+
+
+class PrunedStoreError(MemPruneError):
+    """The pruned store cannot be read or does not cover the evaluated memory; the message names the file or row."""
+
+
+def pruned_files(path: str | Path) -> list[Path]:
+    """The Parquet files of a pruned store: `DIR/pruned/part-*.parquet`, a dir of Parquet files, or one file."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.exists():
+        raise PrunedStoreError(f"{p}: pruned store not found (give a `memprune prune` output directory)")
+    if (p / "pruned").is_dir():
+        p = p / "pruned"
+    files = sorted(f for f in p.glob("*.parquet") if not f.name.startswith((".", "_")))
+    if not files:
+        raise PrunedStoreError(f"{p}: no Parquet files here (expected the pruned store of `memprune prune`)")
+    return files
+
+
+def _check_schema(file: Path) -> None:
+    """A `PrunedStoreError` unless `file` is Parquet with a string `bullet_id` and a bool `keep`."""
+    try:
+        schema = pq.read_schema(file)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise PrunedStoreError(f"{file}: cannot read as Parquet: {exc}") from exc
+    for col, typ in (("bullet_id", pa.string()), ("keep", pa.bool_())):
+        if col not in schema.names:
+            raise PrunedStoreError(f"{file}: column {col!r} missing (not a pruned store: run `memprune prune`)")
+        if not schema.field(col).type.equals(typ):
+            raise PrunedStoreError(f"{file}: column {col!r} has type {schema.field(col).type}, expected {typ}")
+
+
+def _store_rule(files: list[Path]) -> dict[str, Any] | None:
+    """The pruning rule of the store's `prune.json` (threshold, top_k, group_by) when the store has one."""
+    report = files[0].parent.parent / "prune.json" if files[0].parent.name == "pruned" else None
+    if report is None or not report.is_file():
+        return None
+    try:
+        rule = json.loads(report.read_text(encoding="utf-8")).get("rule") or {}
+    except (ValueError, OSError):
+        return None
+    return {k: rule.get(k) for k in ("threshold", "top_k", "group_by")}
+
+
+def load_keep(path: str | Path) -> tuple[dict[str, bool], dict[str, Any]]:
+    """bullet id -> keep flag of a pruned store, and what the report says about it (files, counts, rule)."""
+    files = pruned_files(path)
+    keep: dict[str, bool] = {}
+    for f in files:
+        _check_schema(f)
+        table = pq.read_table(f, columns=["bullet_id", "keep"])
+        ids, flags = table.column("bullet_id").to_pylist(), table.column("keep").to_pylist()
+        for i, (bid, flag) in enumerate(zip(ids, flags)):
+            if bid is None or flag is None:
+                raise PrunedStoreError(f"{f}: row {i}: {'bullet_id' if bid is None else 'keep'} is null")
+            if bid in keep:
+                raise PrunedStoreError(f"{f}: row {i}: bullet_id {bid!r} appears twice in the pruned store")
+            keep[bid] = bool(flag)
+    info: dict[str, Any] = {"path": str(Path(path)), "files": [str(f) for f in files], "bullets": len(keep),
+                            "kept": sum(keep.values())}
+    rule = _store_rule(files)
+    if rule is not None:
+        info["rule"] = rule
+    return keep, info
+
+
+def missing_from_store(keep: Mapping[str, bool], bullet_ids: Iterable[str], store: str, policy: str,
+                       what: str) -> list[str]:
+    """The memory bullets absent from the pruned store, sorted; with `policy` "error" any is a `PrunedStoreError`
+    naming the store (`pruned_missing: drop` counts them as not kept instead)."""
+    missing = sorted({b for b in bullet_ids if b not in keep})
+    if missing and policy == "error":
+        raise PrunedStoreError(f"{store}: {len(missing)} memory bullet(s) of {what} are not in the pruned store, e.g. "
+                               f"{missing[0]!r} (was it pruned from another bullets table? set pruned_missing: drop "
+                               f"to count them as not kept)")
+    return missing
