@@ -80,10 +80,10 @@ class PipelineConfig(ConfigModel):
     def _one_rule(self) -> "PipelineConfig":
         self.prune = _with_rule(PruneSettings, self.prune, self.rule, "prune")
         if "evaluate" in self.steps:
-            # The evaluation's tables are the paper's: the rule's threshold and top-k (no min_keep), whatever policy
-            # prune applies. Checked only when evaluate runs: without it a rule only prune can use is fine.
-            paper = PruneRule.of(threshold=self.rule.threshold, top_k=self.rule.top_k, group_by=self.rule.group_by,
-                                  min_keep=0)
+            # The evaluation reports the rule's policy the paper's way: no min-keep, no floor, no duplicate merging
+            # (for the paper's rule its Table 4). Checked only when evaluate runs: without it a rule only prune can
+            # use is fine.
+            paper = PruneRule.of(**{**self.rule.model_dump(), "min_keep": 0, "floor": None, "dedup": False})
             self.evaluate = _with_rule(EvalSettings, self.evaluate, paper, "evaluate")
         return self
 

@@ -31,6 +31,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import memprune.label
     import memprune.prune
     import memprune.qa
+    import memprune.stores
     import memprune.summarize
     import memprune.train
 
@@ -41,7 +42,7 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         raise Captured("captured")
 
     for module in (memprune.dialogue, memprune.evaluate, memprune.label, memprune.prune, memprune.qa,
-                   memprune.summarize, memprune.train):
+                   memprune.stores, memprune.summarize, memprune.train):
         monkeypatch.setattr(module, "run", stub)
     return got
 
@@ -110,7 +111,7 @@ def test_threshold_reaches_the_rule_as_a_float_validated_once(tmp_path: Path, ca
     runner = CliRunner()
     assert runner.invoke(app, [*base, "--threshold", "0.7", "--top-k", "0"]).exit_code == 2
     rule = captured["cfg"].rule
-    assert isinstance(rule.threshold, float) and rule.threshold == 0.7 and rule.top_k is None
+    assert isinstance(rule.policy.threshold, float) and rule.policy.threshold == 0.7 and rule.policy.top_k is None
     for bad in ("2", "-0.1", "nan"):
         captured.clear()
         result = runner.invoke(app, [*base, "--threshold", bad])
@@ -118,4 +119,4 @@ def test_threshold_reaches_the_rule_as_a_float_validated_once(tmp_path: Path, ca
     yaml = tmp_path / "prune.yaml"
     yaml.write_text("rule: {threshold: 0.3, top_k: 2}\n")
     assert runner.invoke(app, [*base, "--config", str(yaml), "--threshold", "0.6"]).exit_code == 2
-    assert (captured["cfg"].rule.threshold, captured["cfg"].rule.top_k) == (0.6, 2)  # the flag wins, the file stays
+    assert (captured["cfg"].rule.policy.threshold, captured["cfg"].rule.policy.top_k) == (0.6, 2)  # the flag wins, the file stays

@@ -97,7 +97,7 @@ def test_significance_and_report(evaluated):
     assert sig["stage1_vs_vanilla"]["regression"]["pearson"]["seed_ttest"]["p"] < 0.05
     report = (root / "out" / "report.md").read_text()
     for needle in ("| Metric | Vanilla (n=3) | Stage 1 (n=3) | Stage 2 (n=3) |", "### Significance",
-                   "p Wilcoxon (sessions)", "the paper’s Table 4", "Threshold sensitivity", "## Validation split",
+                   "p Wilcoxon (sessions)", "the paper’s Table 4", "### Sensitivity", "## Validation split",
                    "![ranking vs k](ranking_vs_k.png)", "Sessions used per ranking metric"):
         assert needle in report, needle
     row = next(line for line in report.splitlines() if line.startswith("| Spearman (session) |"))

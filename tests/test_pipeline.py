@@ -26,7 +26,6 @@ def test_quickstart_config_and_bad_data_spec() -> None:
 
 @pytest.mark.parametrize("override, message", [
     ("rule.group_by=conversation", "rule.group_by must be session, got 'conversation'"),
-    ("rule.threshold=null", "rule.threshold must be a number"),
     ("evaluate.rule.group_by=conversation", "set the pruning rule once"),
     ("prune.rule.threshold=0.3", "set the pruning rule once"),
 ])
@@ -53,12 +52,16 @@ def test_the_pipeline_rule_reaches_each_step_validated() -> None:
     """Prune gets the rule as given; evaluate gets its paper's view (threshold, top-k, sessions, min_keep 0).
     Without the evaluate step a rule only prune can use loads."""
     cfg = quickstart_config("runs/q", overrides=["rule.threshold=0.3", "rule.top_k=2", "rule.min_keep=2"])
-    assert (cfg.prune.rule.threshold, cfg.prune.rule.top_k, cfg.prune.rule.min_keep) == (0.3, 2, 2)
+    p = cfg.prune.rule
+    assert (p.policy.threshold, p.policy.top_k, p.min_keep) == (0.3, 2, 2)
     e = cfg.evaluate.rule
-    assert (e.threshold, e.top_k, e.group_by, e.min_keep, e.policy) == (0.3, 2, "session", 0, "rule")
+    assert (e.policy.threshold, e.policy.top_k, e.group_by, e.min_keep, e.policy.name) == (0.3, 2, "session", 0, "rule")
+    # another policy reaches the evaluation as it is (its table instead of the paper's Table 4)
+    cfg = quickstart_config("runs/q", overrides=["rule.budget_tokens=40"])
+    assert cfg.evaluate.rule.name == cfg.prune.rule.name == "budget40" and cfg.evaluate.rule.min_keep == 0
     cfg = quickstart_config("runs/q", overrides=["rule.group_by=conversation", "rule.threshold=null",
                                                  "steps=[data,label,train,prune]"])
-    assert cfg.prune.rule.group_by == "conversation" and cfg.prune.rule.threshold is None
+    assert cfg.prune.rule.group_by == "conversation" and cfg.prune.rule.policy.threshold is None
     with pytest.raises(ConfigError, match="budget_tokens"):
         quickstart_config("runs/q", overrides=["rule.policy=budget"])
 

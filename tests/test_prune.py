@@ -447,7 +447,7 @@ def test_config_validation_and_shipped_configs():
     root = Path(__file__).resolve().parents[1]
     for name in ("prune-local.yaml", "prune-gpu.yaml", "paper-prune.yaml"):
         cfg = load_config(root / "configs" / name, [], PruneConfig)
-        assert cfg.rule.threshold == 0.5 and cfg.rule.top_k == 5
+        assert cfg.rule.policy.threshold == 0.5 and cfg.rule.policy.top_k == 5
         # the shipped configs never empty a session; the paper's exact rule is one config away
         assert cfg.rule.min_keep == (0 if name.startswith("paper") else 1)
     assert PruneConfig(scorer="s", input="i", out="o").rule.min_keep == 1  # the safe default

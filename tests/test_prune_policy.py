@@ -72,10 +72,18 @@ def test_config_names_and_checks():
     assert _rule().name == "t0.5_k5" and _rule(policy="budget", budget_tokens=120).name == "budget120"
     assert _rule(policy="fraction", fraction=0.4).name == "fraction0.4"
     for bad in ({"policy": "budget"}, {"policy": "fraction"}, {"fraction": 1.5}, {"min_keep": -1}, {"floor": 2},
-                {"dedup_threshold": 0}, {"policy": "knapsack"}, {"budget_tokens": 10}, {"policy": "budget",
-                "budget_tokens": 10, "fraction": 0.5}):
+                {"dedup_threshold": 0}, {"policy": "knapsack"}, {"policy": "budget", "budget_tokens": 10, "fraction": 0.5},
+                {"policy": "budget", "budget_tokens": 10, "threshold": 0.5}, {"budget_tokens": 10, "top_k": 3},
+                {"policy": "rule", "budget_tokens": 10}):
         with pytest.raises(PruneError):
             PruneRule.of(**bad)
+    # a policy's own setting names it (the CLI's --budget-tokens and YAML's budget_tokens alike)
+    assert PruneRule.of(budget_tokens=10).policy.name == "budget" and PruneRule.of(fraction=0.5).name == "fraction0.5"
+    with pytest.raises(PruneError, match="threshold is a setting of policy 'rule', but the policy is 'budget'"):
+        PruneRule.of(budget_tokens=10, threshold=0.5)
+    # flat in and flat out: the dump validates back to the same rule
+    rule = PruneRule.of(policy="budget", budget_tokens=12, min_keep=2)
+    assert rule.model_dump()["budget_tokens"] == 12 and PruneRule.of(**rule.model_dump()) == rule
     assert [r.name for r in _rule(top_k=3).variants([1, 3, 5])] == ["t0.5_k3", "t0.5_k1", "t0.5_k5", "t0.5_kall"]
     assert [r.name for r in _rule(policy="budget", budget_tokens=9).variants([1, 3])] == ["budget9"]
 

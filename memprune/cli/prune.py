@@ -53,8 +53,6 @@ def prune(
     from memprune.prune.report import emptied_warning
     from memprune.stores import StorePruneConfig, run
 
-    if policy is None:
-        policy = "budget" if budget_tokens is not None else "fraction" if fraction is not None else None
     values = {"scorer": scorer, "input": input, "out": out, "rule.threshold": threshold, "rule.group_by": group_by,
               "rule.policy": policy, "rule.budget_tokens": budget_tokens, "rule.fraction": fraction,
               "rule.min_keep": min_keep, "rule.floor": floor, "rule.dedup_threshold": dedup_threshold,
@@ -141,7 +139,7 @@ def score(
 ) -> None:
     """Add the scorer's score (and calibrated score, where the scorer has one) to a store, deciding nothing."""
     from memprune.stores.config import ScoreConfig
-    from memprune.stores.stage import run_score
+    from memprune.stores import run_score
 
     values = {"scorer": scorer, "input": input, "out": out, "write": write} | _store_values(map_, None)
     values.pop("store.apply")

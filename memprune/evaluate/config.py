@@ -23,9 +23,9 @@ class EvaluationError(MemPruneError):
 class EvalSettings(ConfigModel):
     """Every option of `memprune evaluate` except the paths (the pipeline's `evaluate:` section)."""
 
-    rule: PruneRule = Field(default_factory=lambda: PruneRule(min_keep=0),
-                            description="the pruning rule of the main pruning table (threshold) and of the sweep (top-k); "
-                                        "the paper's rule only (dedup is not applied)")
+    rule: PruneRule = Field(default_factory=lambda: PruneRule(min_keep=0, dedup=False),
+                            description="the pruning rule the tables report (default: the paper's rule, t=0.5 and top-5, "
+                                        "Table 4 and the threshold sweep; any policy; duplicates are not merged)")
     ks: tuple[int, ...] = KS
     relevance_threshold: float = Field(RELEVANCE_THRESHOLD, ge=0.0, le=1.0, description="relevant = label >= this")
     thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -40,6 +40,13 @@ class EvalSettings(ConfigModel):
     stage2_min_gain: float = Field(0.02, ge=0.0, description="stage 2 is recommended only when it beats stage 1 on "
                                    "test session Spearman by at least this much ...")
     stage2_alpha: float = Field(0.05, gt=0.0, lt=1.0, description="... with a Wilcoxon p-value over sessions below this")
+
+    @field_validator("rule", mode="before")
+    @classmethod
+    def _evaluation_defaults(cls, v: object) -> object:
+        """A rule given as keys (YAML, --threshold/--top-k) takes the evaluation's defaults for the rest: the paper's
+        no min-keep, and no duplicate merging (the evaluation has scores, not texts)."""
+        return {"min_keep": 0, "dedup": False, **v} if isinstance(v, dict) else v
 
     @field_validator("splits", mode="before")
     @classmethod
@@ -68,11 +75,9 @@ class EvalSettings(ConfigModel):
             raise ValueError(f"splits must be among {SPLITS}")
         if self.rule.group_by != "session":
             raise ValueError(f"evaluation measures sessions: rule.group_by must be session, got {self.rule.group_by!r}")
-        if self.rule.threshold is None:
-            raise ValueError("rule.threshold must be a number: it is the threshold of the main pruning table")
-        if self.rule.policy != "rule" or self.rule.floor is not None or self.rule.min_keep:
-            raise ValueError("the evaluation's pruning tables apply the paper's rule (threshold, then top-k, no "
-                             "duplicate merging): budget, fraction, floor and min_keep are `memprune prune`'s")
+        if self.rule.dedup:
+            raise ValueError("rule.dedup: the evaluation decides on scores without the bullets' texts, so it cannot "
+                             "merge duplicates; set rule.dedup false")
         return self
 
 

@@ -1,4 +1,8 @@
-"""The pruning view of evaluation (DESIGN step 5 on the test split): what a threshold/top-k choice keeps.
+"""The pruning view of evaluation (DESIGN step 5 on the test split): what a pruning rule keeps.
+
+Each setting is decided by `memprune.prune.policy.apply_policy`, the decision `memprune prune` makes (without
+duplicate merging: the evaluation has scores, not texts), so any policy can be evaluated; the paper's rule
+gives its Table 4 and threshold sweep.
 
 Per setting: bullets and tokens per session before and after, reductions, relevant bullets and
 label mass kept; with QA evidence, the share of cited bullets kept against random same-size
@@ -13,21 +17,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memprune.evaluate.config import EvalSettings
-from memprune.prune.rule import group_codes, prune_mask, setting_name
+from memprune.evaluate.config import EvalSettings, EvaluationError
+from memprune.prune.config import PruneRule
+from memprune.prune.policy import apply_policy
+from memprune.prune.rule import group_codes
 
 
-def pruning_settings(config: EvalSettings) -> list[tuple[float | None, int | None]]:
-    """(threshold, top_k) pairs: the Table 4 grid at the rule's threshold, then the threshold sweep."""
-    rule = config.rule
-    table = [(rule.threshold, k) for k in (*config.ks, None)]
-    caps = [rule.top_k] if rule.top_k is not None else []
-    sweep = [(t, k) for k in (*caps, None) for t in config.thresholds]
-    out: list[tuple[float | None, int | None]] = []
-    for c in table + sweep:
-        if c not in out:
-            out.append(c)
-    return out
+def evaluation_rules(rule: PruneRule, ks: tuple[int, ...], thresholds: tuple[float, ...]) -> dict[str, list[PruneRule]]:
+    """The rules of each pruning table the evaluation reports (the policy's `evaluation`: for the paper's rule,
+    Table 4 at its threshold and the threshold sweep at its cap), each with `rule`'s floor and min-keep."""
+    return {name: [rule.with_policy(p) for p in policies] for name, policies in rule.policy.evaluation(ks, thresholds).items()}
+
+
+def pruning_settings(config: EvalSettings) -> list[PruneRule]:
+    """Every rule the evaluation decides with, once each, in table order."""
+    out: dict[str, PruneRule] = {}
+    for rules in evaluation_rules(config.rule, config.ks, config.thresholds).values():
+        for r in rules:
+            out.setdefault(r.name, r)
+    return list(out.values())
 
 
 class RandomKeep:
@@ -78,12 +86,15 @@ def pruning_view(
     n_sessions = int(codes.max() + 1) if len(codes) else 0
     relevant = labels >= config.relevance_threshold
     out: dict[str, dict[str, Any]] = {}
-    for threshold, top_k in pruning_settings(config):
-        keep = prune_mask(scores, codes, threshold, top_k, order=df["position"].to_numpy())
+    order = df["position"].to_numpy()
+    counts = None if tokens is None else np.nan_to_num(tokens, nan=0.0).astype(np.int64)
+    for rule in pruning_settings(config):
+        if rule.policy.needs_tokens and counts is None:
+            raise EvaluationError(f"the {rule.policy.name} rule needs token counts: give the corpus (--data)")
+        keep = apply_policy(scores, codes, rule, counts, order=order).keep
         kept_per_session = np.bincount(codes[keep], minlength=n_sessions)
         row: dict[str, Any] = {
-            "threshold": threshold,
-            "top_k": top_k,
+            "setting": {**rule.model_dump(mode="json"), "name": rule.name, "label": rule.label},
             "bullets_before": len(df) / max(n_sessions, 1),
             "bullets_after": float(keep.sum()) / max(n_sessions, 1),
             "bullet_reduction_pct": 100.0 * (1 - keep.mean()) if len(df) else math.nan,
@@ -120,7 +131,7 @@ def pruning_view(
             q["lift"] = (q["model_pct"] / q["random_expected_pct"]
                          if n_cited and q["random_expected_pct"] > 0 else math.nan)
             q["lift_pp"] = q["model_pct"] - q["random_expected_pct"] if n_cited else math.nan
-        out[setting_name(threshold, top_k)] = row
+        out[rule.name] = row
     return out
 
 

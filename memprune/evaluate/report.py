@@ -17,7 +17,8 @@ from memprune.evaluate.worth import worth_table
 from memprune.figures import new_figure, save_png
 from memprune.io import write_text
 from memprune.markdown import fmt, fmt_p, mean_std, stars, table
-from memprune.prune.rule import setting_name
+from memprune.evaluate.pruning import evaluation_rules
+from memprune.prune.config import PruneRule
 
 STAGE_LABELS = {"vanilla": "Vanilla", "stage1": "Stage 1", "stage2": "Stage 2"}
 REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",
@@ -140,7 +141,7 @@ def sessions_used_table(split: dict[str, Any]) -> list[str]:
 def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
     """Bullets/tokens per session before and after pruning and what is lost, per stage and setting."""
     has_tokens = any("tokens_before" in split["aggregate"][s]["pruning"][names[0]] for s in split["stages"])
-    header = ["Stage", "threshold", "top-k", "bullets/session before", "after", "reduction %"]
+    header = ["Stage", "setting", "bullets/session before", "after", "reduction %"]
     if has_tokens:
         header += ["tokens/session before", "after", "token reduction %"]
     header += ["relevant kept %", "label mass kept %", "sessions emptied %"]
@@ -148,8 +149,7 @@ def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
     for s in split["stages"]:
         for n in names:
             e = split["aggregate"][s]["pruning"][n]
-            row = [stage_label(s), fmt(e["threshold"], 1), "all" if e["top_k"] is None else str(e["top_k"]),
-                   fmt(e["bullets_before"]["mean"], 2), mean_std(e["bullets_after"], 2),
+            row = [stage_label(s), e["setting"]["label"], fmt(e["bullets_before"]["mean"], 2), mean_std(e["bullets_after"], 2),
                    mean_std(e["bullet_reduction_pct"], 1)]
             if has_tokens:
                 row += [fmt(e["tokens_before"]["mean"], 1), mean_std(e["tokens_after"], 1),
@@ -162,7 +162,7 @@ def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
 
 def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
     """Share of QA-evidence bullets kept: the model against random same-size and most-recent pruning."""
-    header = ["Stage", "threshold", "top-k", "bullets kept %", "cited kept % (model)",
+    header = ["Stage", "setting", "bullets kept %", "cited kept % (model)",
               "random same size % (mean ± std over draws)", "random 95% interval", "most recent %",
               "lift over random (×)"]
     rows = []
@@ -172,8 +172,7 @@ def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
             q = e["qa"]
             kept = 100.0 - e["bullet_reduction_pct"]["mean"] if e["bullet_reduction_pct"]["mean"] is not None else None
             rows.append([
-                stage_label(s), fmt(e["threshold"], 1), "all" if e["top_k"] is None else str(e["top_k"]),
-                fmt(kept, 1), mean_std(q["model_pct"], 1),
+                stage_label(s), e["setting"]["label"], fmt(kept, 1), mean_std(q["model_pct"], 1),
                 f"{fmt(q['random_mean_pct']['mean'], 1)} ± {fmt(q['random_std_pct']['mean'], 1)}",
                 f"[{fmt(q['random_p2_5_pct']['mean'], 1)}, {fmt(q['random_p97_5_pct']['mean'], 1)}]",
                 mean_std(q["recency_pct"], 1),
@@ -204,22 +203,20 @@ def figure_ranking_vs_k(split: dict[str, Any], ks: Sequence[int], path: Path) ->
     save_png(fig, path)
 
 
-def figure_reduction(split: dict[str, Any], thresholds: Sequence[float], top_k: int | None, path: Path) -> None:
-    """Bullet reduction and relevant bullets kept against the threshold, per stage, top-k capped and not."""
+def figure_reduction(split: dict[str, Any], sweeps: dict[str, list[str]], path: Path) -> None:
+    """Bullet reduction and relevant bullets kept against the threshold, per stage, for each threshold sweep."""
     fig = new_figure(10, 3.6)
     axes = [fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)]
-    caps = [top_k, None] if top_k is not None else [None]
     colors = {}
     for s in split["stages"]:
-        for cap in caps:
-            pr = split["aggregate"][s]["pruning"]
-            names = [f"t{t:g}_k{'all' if cap is None else cap}" for t in thresholds]
-            style = "-" if cap is not None else "--"
-            cap_label = f"top-{cap}" if cap is not None else "no top-k"
+        pr = split["aggregate"][s]["pruning"]
+        for i, names in enumerate(sweeps.values()):
+            xs = [pr[n]["setting"]["threshold"] for n in names]
+            cap = pr[names[0]]["setting"].get("top_k")
             for ax, key in zip(axes, ("bullet_reduction_pct", "relevant_kept_pct")):
                 ys = [_nan(pr[n][key]["mean"]) for n in names]
-                line = ax.plot(list(thresholds), ys, style, marker=".", color=colors.get(s),
-                               label=f"{stage_label(s)}, {cap_label}")[0]
+                line = ax.plot(xs, ys, "-" if i == 0 else "--", marker=".", color=colors.get(s),
+                               label=f"{stage_label(s)}, {f'top-{cap}' if cap is not None else 'no top-k'}")[0]
                 colors[s] = line.get_color()
     axes[0].set_ylabel("bullet reduction %")
     axes[1].set_ylabel("relevant bullets kept %")
@@ -276,9 +273,11 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
     out = Path(out_dir)
     cfg = metrics["config"]
     ks, baseline = cfg["ks"], cfg["baseline"]
-    threshold, cap = cfg["rule"]["threshold"], cfg["rule"]["top_k"]
-    table_names = [setting_name(threshold, k) for k in (*ks, None)]
-    sweep_names = [setting_name(t, cap) for t in cfg["thresholds"]]
+    rule = PruneRule.of(**cfg["rule"])
+    lists = {name: [r.name for r in rules] for name, rules in
+             evaluation_rules(rule, tuple(ks), tuple(cfg["thresholds"])).items()}
+    table_names, sweep_names = lists["table"], lists["sweep"]
+    sweeps = {name: names for name, names in lists.items() if name.startswith("sweep") and names}
 
     lines = ["# memprune evaluation report", ""]
     lines += [f"- Run: `{metrics['run_dir']}`", f"- Corpus: `{metrics['data_dir']}`" if metrics["data_dir"] else
@@ -289,7 +288,7 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
     rejected = sum(p["rejected"].values())
     lines.append(f"- Prediction rows: {sum(p['seen'].values())} read, {rejected} rejected"
                  + (" (see rejects.jsonl)" if rejected else ""))
-    lines.append(f"- Relevant: label >= {cfg['relevance_threshold']}; pruning: score >= threshold, then top-k per session")
+    lines.append(f"- Relevant: label >= {cfg['relevance_threshold']}; pruning: {rule.describe()}")
     if metrics.get("folds"):
         f = metrics["folds"]
         lines.append(f"- k-fold run: {f['k']} folds; the test split below pools the out-of-fold predictions of "
@@ -324,10 +323,10 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
         if split.get("relevance_calibration"):
             lines += ["### Probability calibration (raw vs calibrated)", ""]
             lines += calibration_table(split["relevance_calibration"], stage_label) + [""]
-        lines += [f"### Pruning at threshold {threshold} — the paper’s Table 4", ""]
+        lines += [f"### Pruning: {rule.label}{' — the paper’s Table 4' if len(table_names) > 1 else ''}", ""]
         lines += pruning_table(split, table_names) + [""]
-        lines += [f"### Threshold sensitivity (top-k {cap if cap is not None else 'none'})", ""]
-        lines += pruning_table(split, sweep_names) + [""]
+        if sweep_names:
+            lines += ["### Sensitivity", ""] + pruning_table(split, sweep_names) + [""]
         if "qa" in split:
             q = split["qa"]
             lines += ["### QA-evidence retention (external check)", "",
@@ -339,10 +338,12 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
                       f"turn ({q['recency_source']}). Model and most-recent columns: mean ± std over seeds; random columns: "
                       f"the per-seed mean, std and 95% interval over draws, averaged over seeds.", ""]
             lines += qa_table(split, table_names) + [""]
-            lines += qa_table(split, sweep_names) + [""]
+            if sweep_names:
+                lines += qa_table(split, sweep_names) + [""]
         if figures:
             figure_ranking_vs_k(split, ks, out / "ranking_vs_k.png")
-            figure_reduction(split, cfg["thresholds"], cap, out / "reduction_vs_threshold.png")
+            if sweeps:
+                figure_reduction(split, sweeps, out / "reduction_vs_threshold.png")
             figure_histograms(split, out / "score_histogram.png")
             figure_calibration(split, out / "calibration.png")
             if split.get("relevance_calibration"):

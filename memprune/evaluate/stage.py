@@ -130,9 +130,9 @@ def _evaluate_split(
         for name in next(iter(runs.values()))["pruning"]:
             rows = {int(k): r["pruning"][name] for k, r in runs.items()}
             first = next(iter(rows.values()))
-            entry: dict[str, Any] = {"threshold": first["threshold"], "top_k": first["top_k"]}
+            entry: dict[str, Any] = {"setting": first["setting"]}
             for field_name, v in first.items():
-                if field_name in ("threshold", "top_k"):
+                if field_name == "setting":
                     continue
                 if field_name == "qa":
                     entry["qa"] = {q: aggregate({s: rows[s]["qa"][q] for s in rows}) for q in v}

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, SerializeAsAny, field_validator, model_serializer, model_validator
 
 from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
 from memprune.precision import Precision
-from memprune.prune.rule import setting_name
+from memprune.prune.policies import Policy, RulePolicy, owner_of, policy_of
 
 GroupBy = Literal["session", "conversation", "speaker"]
-Policy = Literal["rule", "budget", "fraction"]
 # The default near-duplicate cosine: chosen by bench/dedup_bench.py on `memprune synth --duplicates 0.2`.
 DEDUP_THRESHOLD = 0.88
 GROUP_KEYS: dict[str, tuple[str, ...]] = {
@@ -32,22 +31,20 @@ class PruneError(MemPruneError):
 
 
 class PruneRule(ConfigModel):
-    """The pruning decision: near-duplicate merging, a policy (the paper's `rule`, `budget`, `fraction`), min-keep.
+    """The pruning decision: near-duplicate merging, a policy (`memprune.prune.policies`), a floor, min-keep.
 
-    `rule` (the default, DESIGN step 5): drop scores below `threshold`, then keep the `top_k` best
-    of each group. `budget`: keep the best while the group's kept tokens stay <= `budget_tokens`.
-    `fraction`: keep the top ceil(`fraction` * n) of the group's n distinct bullets. For all:
-    duplicates merged first (`dedup`), an optional score `floor`, and `min_keep`.
+    In YAML and on the command line the rule is flat: `policy` names the policy (`rule`, the paper's
+    threshold then top-k, the default; `budget`; `fraction`; or a registered one) and its settings sit
+    beside it (`threshold`, `top_k`; `budget_tokens`; `fraction`). A setting of another policy is an
+    error, never a no-op, and a policy's own setting names it: `budget_tokens: 120` alone means
+    `policy: budget`, on the command line as in YAML. For every policy: duplicates merged first
+    (`dedup`), an optional score `floor`, and `min_keep`.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
-    policy: Policy = Field("rule", description="rule (threshold then top-k, the paper's), budget or fraction")
-    threshold: float | None = Field(0.5, ge=0.0, le=1.0,
-                                    description="rule: drop bullets scored below this (scores are in [0, 1]); null = no threshold")
-    top_k: int | None = Field(5, ge=1, description="rule: keep at most k bullets per group; null = no cap")
-    budget_tokens: int | None = Field(None, ge=0, description="budget: kept tokens per group never exceed this")
-    fraction: float | None = Field(None, gt=0.0, le=1.0, description="fraction: keep the top ceil(q * n) of each group")
+    policy: SerializeAsAny[Policy] = Field(default_factory=RulePolicy,
+                                           description="the policy and its settings (flat in YAML: policy: NAME + its keys)")
     min_keep: int = Field(1, ge=0, description="never leave a group with fewer than m bullets if it had them "
                                                "(wins over floor, threshold and budget); the default 1 never empties a "
                                                "group, 0 allows it (the paper's rule)")
@@ -58,20 +55,36 @@ class PruneRule(ConfigModel):
                                                "bullets are near-duplicates")
     group_by: GroupBy = Field("session", description="what the policy applies to: session, conversation or speaker")
 
-    @model_validator(mode="after")
-    def _policy_fields(self) -> "PruneRule":
-        if self.policy == "budget" and self.budget_tokens is None:
-            raise ValueError("policy 'budget' needs budget_tokens (--budget-tokens B)")
-        if self.policy == "fraction" and self.fraction is None:
-            raise ValueError("policy 'fraction' needs fraction (--fraction q, 0 < q <= 1)")
-        for name, policy in (("budget_tokens", "budget"), ("fraction", "fraction")):
-            if getattr(self, name) is not None and self.policy != policy:
-                raise ValueError(f"{name} is set but the policy is {self.policy!r}: it applies to policy {policy!r} only")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_policy(cls, data: Any) -> Any:
+        """`policy: NAME` + that policy's keys (flat) -> the policy's own model; another policy's key is an error."""
+        if not isinstance(data, dict) or isinstance(data.get("policy"), Policy):
+            return data
+        data = dict(data)
+        given = data.pop("policy", None)
+        owners = {k: owner_of(k) for k in data if k not in cls.model_fields}
+        named = sorted({o for o in owners.values() if o is not None and o != "rule"})
+        name = given or (named[0] if len(named) == 1 else "rule")
+        model = policy_of(name)
+        stray = [k for k, o in owners.items() if o is not None and k not in model.model_fields]
+        if stray:
+            raise ValueError(f"{stray[0]} is a setting of policy {owners[stray[0]]!r}, but the policy is {name!r}")
+        own = {k: data.pop(k) for k in list(data) if k in model.model_fields}
+        if given is not None or own:
+            data["policy"] = model.model_validate(own)
+        return data
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if "policy" not in out:  # model_dump(exclude={"policy"}): the shared settings only
+            return out
+        return {"policy": self.policy.name, **out.pop("policy"), **out}
 
     @classmethod
     def of(cls, **fields: Any) -> "PruneRule":
-        """A rule from keyword fields, with an invalid value as a `PruneError` naming the field."""
+        """A rule from keyword fields (flat, as in YAML), with an invalid value as a `PruneError` naming the field."""
         try:
             return validate(cls, fields, "pruning rule")
         except MemPruneError as exc:
@@ -80,30 +93,36 @@ class PruneRule(ConfigModel):
     @property
     def name(self) -> str:
         """Stable display key of the rule, e.g. 't0.5_k5', 't0.5_kall', 'budget120' or 'fraction0.4'."""
-        if self.policy == "budget":
-            return f"budget{self.budget_tokens}"
-        if self.policy == "fraction":
-            return f"fraction{self.fraction:g}"
-        return setting_name(self.threshold, self.top_k)
+        return self.policy.key
+
+    @property
+    def label(self) -> str:
+        """What a downstream report calls a memory pruned by this rule, e.g. 't=0.5, k=5' or 'budget 120 tokens'."""
+        return self.policy.label
+
+    def describe(self) -> str:
+        """The decision in words, e.g. 'budget: ... <= 120 per session; at least 1 kept per session; no duplicate merging'."""
+        unit = self.group_by
+        extras = []
+        if self.floor is not None:
+            extras.append(f"score floor {self.floor:g}")
+        if self.min_keep:
+            extras.append(f"at least {self.min_keep} kept per {unit}")
+        extras.append(f"duplicates merged at cosine {self.dedup_threshold:g}" if self.dedup else "no duplicate merging")
+        return f"{self.policy.describe(unit)}; {'; '.join(extras)}"
 
     @property
     def keys(self) -> tuple[str, ...]:
         """The columns whose values form a group."""
         return GROUP_KEYS[self.group_by]
 
-    def sweep(self, top_ks: list[int]) -> list[tuple[float | None, int | None]]:
-        """(threshold, top-k) settings: this rule's first, then `top_ks` and 'no cap' at its threshold."""
-        out = [(self.threshold, self.top_k)]
-        for k in [*top_ks, None]:
-            if (self.threshold, k) not in out:
-                out.append((self.threshold, k))
-        return out
+    def with_policy(self, policy: Policy) -> "PruneRule":
+        """This rule with another policy (the same dedup, floor, min-keep, group)."""
+        return PruneRule.model_validate({**self.model_dump(exclude={"policy"}), "policy": policy})
 
     def variants(self, top_ks: list[int]) -> list["PruneRule"]:
-        """The rules prune.json reports: this one first; for policy `rule` also its top-k sweep."""
-        if self.policy != "rule":
-            return [self]
-        return [self.model_copy(update={"threshold": t, "top_k": k}) for t, k in self.sweep(top_ks)]
+        """The rules prune.json reports: this one first, then its policy's sweep."""
+        return [self, *(self.with_policy(p) for p in self.policy.sweep(top_ks)[1:])]
 
 
 class ScoringRuntime(ConfigModel):

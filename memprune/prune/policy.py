@@ -7,10 +7,10 @@ decisions and reasons on the same data. Within each group (session):
    embeddings have cosine similarity >= `dedup_threshold`, form clusters (transitively); the
    highest-scored bullet of a cluster represents it, the others go with reason `duplicate`.
 2. **Floor**: representatives scored below `floor` go with reason `below_floor`.
-3. **Policy** over the remaining bullets, ranked by score (ties: earlier first):
-   `rule` keeps score >= threshold, then the top-k (`below_threshold`, `over_top_k`); `budget`
-   keeps the best while the group's kept tokens stay <= B (`over_budget`); `fraction` keeps the top
-   ceil(q * n) of the group's n distinct bullets (`over_top_k`).
+3. **Policy** over the remaining bullets, ranked by score (ties: earlier first): the rule's
+   `policy.keep` (`memprune.prune.policies`: `rule` keeps score >= threshold, then the top-k
+   (`below_threshold`, `over_top_k`); `budget` keeps the best while the group's kept tokens stay
+   <= B (`over_budget`); `fraction` keeps the top ceil(q * n) of the group's n distinct bullets).
 4. **Min-keep**: a group left with fewer than m bullets gets its best non-duplicate bullets back
    (whatever the floor, threshold or budget said), up to m.
 
@@ -28,14 +28,21 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memprune.prune.policies import POLICIES
 from memprune.prune.rule import rank_within_groups
 
 if TYPE_CHECKING:
     from memprune.prune.config import PruneRule
 
 DUPLICATE, BELOW_FLOOR = "duplicate", "below_floor"
-BELOW_THRESHOLD, OVER_TOP_K, OVER_BUDGET = "below_threshold", "over_top_k", "over_budget"
-REASONS = (DUPLICATE, BELOW_FLOOR, BELOW_THRESHOLD, OVER_TOP_K, OVER_BUDGET)
+
+
+def reasons() -> tuple[str, ...]:
+    """Every reason a bullet can go for: duplicates, the floor, then each registered policy's own."""
+    return tuple(dict.fromkeys((DUPLICATE, BELOW_FLOOR, *(r for p in POLICIES.values() for r in p.reasons))))
+
+
+REASONS = reasons()  # the built-in policies' (a policy registered later adds its own to `reasons()`)
 _PUNCT = re.compile(r"[^\w\s]+")
 _SPACE = re.compile(r"\s+")
 
@@ -51,7 +58,7 @@ class Decision:
 
     def reason_counts(self) -> dict[str, int]:
         """How many bullets go for each reason (every reason listed, zeros included)."""
-        return {r: int((self.reason == r).sum()) for r in REASONS}
+        return {r: int((self.reason == r).sum()) for r in reasons()}
 
 
 def normalize_text(text: str) -> str:
@@ -165,39 +172,8 @@ def apply_policy(
         low = active & (s < rule.floor)
         reason[low] = BELOW_FLOOR
         active &= ~low
-    n_groups = int(codes.max()) + 1 if n else 0
     rank = rank_within_groups(np.where(active, s, -np.inf), codes, ordr)
-    if rule.policy == "rule":
-        keep = active.copy()
-        if rule.threshold is not None:
-            low = active & (s < rule.threshold)
-            reason[low] = BELOW_THRESHOLD
-            keep &= ~low
-        if rule.top_k is not None:
-            over = keep & (rank >= rule.top_k)
-            reason[over] = OVER_TOP_K
-            keep &= ~over
-    elif rule.policy == "fraction":
-        assert rule.fraction is not None
-        distinct = np.bincount(codes[active], minlength=n_groups)
-        k = np.ceil(rule.fraction * distinct - 1e-9).astype(np.int64)
-        keep = active & (rank < k[codes])
-        reason[active & ~keep] = OVER_TOP_K
-    elif rule.policy == "budget":
-        if tokens is None:
-            raise ValueError("policy 'budget' needs the token count of every bullet")
-        t = np.where(active, np.asarray(tokens, dtype=np.int64), 0)
-        idx = np.lexsort((rank, codes))
-        cum = np.cumsum(t[idx])
-        sc = codes[idx]
-        starts = np.r_[0, np.flatnonzero(np.diff(sc)) + 1]
-        before = np.repeat(np.r_[0, cum][starts], np.diff(np.r_[starts, n]))
-        within = np.empty(n, dtype=bool)
-        within[idx] = (cum - before) <= rule.budget_tokens
-        keep = active & within
-        reason[active & ~keep] = OVER_BUDGET
-    else:  # pragma: no cover - the config's Literal forbids it
-        raise ValueError(f"unknown policy {rule.policy!r}")
+    keep = rule.policy.keep(s, active, rank, codes, tokens, reason)
     rescued = np.zeros(n, dtype=bool)
     if rule.min_keep:
         best = rank_within_groups(np.where(dup, -np.inf, s), codes, ordr) < rule.min_keep

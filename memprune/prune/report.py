@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from memprune.markdown import fmt, table, time_line
-from memprune.prune.policy import REASONS
 
 EMPTIED_WARNING_PCT = 20.0
 
@@ -21,33 +20,12 @@ def emptied_warning(summary: dict[str, Any]) -> str | None:
             f"{summary['rule']['name']}; consider --min-keep 1, a budget or a lower threshold")
 
 
-def describe_rule(rule: dict[str, Any]) -> str:
-    """The written decision in words, e.g. 'budget: kept tokens <= 120 per session; duplicates merged at cosine 0.9'."""
-    unit = rule["group_by"]
-    if rule["policy"] == "budget":
-        text = f"budget: the best bullets while the kept tokens stay <= {rule['budget_tokens']} per {unit}"
-    elif rule["policy"] == "fraction":
-        text = f"fraction: the top ceil({rule['fraction']:g} x n) bullets of each {unit}"
-    else:
-        k = "no cap" if rule["top_k"] is None else f"top {rule['top_k']}"
-        t = "no threshold" if rule["threshold"] is None else f"score >= {rule['threshold']:g}"
-        text = f"rule (the paper's): {t}, then {k} per {unit}"
-    extras = []
-    if rule.get("floor") is not None:
-        extras.append(f"score floor {rule['floor']:g}")
-    if rule.get("min_keep"):
-        extras.append(f"at least {rule['min_keep']} kept per {unit}")
-    extras.append(f"duplicates merged at cosine {rule['dedup_threshold']:g}" if rule.get("dedup") else "no duplicate merging")
-    return f"{text}; {'; '.join(extras)}"
-
-
 def render_markdown(summary: dict[str, Any]) -> str:
     """prune.md: bullets and tokens per group before/after pruning, per setting, and the reasons for dropping."""
     g = summary["grouping"]
     unit = summary["rule"]["group_by"]
     written = summary["rule"]["name"]
-    ordered = sorted(summary["settings"].items(), key=lambda kv: (kv[0] != written, kv[1]["top_k"] is None,
-                                                                   kv[1]["top_k"] or 0))
+    ordered = list(summary["settings"].items())  # the written setting first, then its policy's sweep
     rows = [
         [f"{name} (written)" if name == written else name, fmt(s["bullets_before"], 2), fmt(s["bullets_after"], 2),
          fmt(s["bullet_reduction_pct"], 1), fmt(s["tokens_before"], 1), fmt(s["tokens_after"], 1),
@@ -55,7 +33,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         for name, s in ordered
     ]
     result = summary["result"]
-    reasons = [[r, str(result["dropped_by_reason"].get(r, 0))] for r in REASONS]
+    why = [[r, str(n)] for r, n in result["dropped_by_reason"].items()]
     t = summary["timing"]
     warning = emptied_warning(summary)
     if summary.get("dry_run"):
@@ -75,7 +53,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"Input `{summary['input']['path']}`: {summary['input']['rows']} bullets in {summary['groups']} {unit} groups; "
         f"scorer `{summary['scorer']['path']}` (stage {summary['scorer']['stage'] or 'n/a'}, "
         f"encoder {summary['scorer']['encoder']}).",
-        f"Decision: {describe_rule(summary['rule'])}. Run fingerprint `{summary['fingerprint']}`.",
+        f"Decision: {summary['rule']['description']}. Run fingerprint `{summary['fingerprint']}`.",
         f"Tokens: {summary['tokenizer']}. Grouping: {g['mode']} ({g['reason']}).",
         *score_line(summary.get("score")),
         *(["", f"**Warning:** {warning}."] if warning else []),
@@ -84,10 +62,10 @@ def render_markdown(summary: dict[str, Any]) -> str:
                 "reduction %", f"{unit}s emptied %"], rows),
         "",
         f"Why bullets go ({written}; {result['kept_by_min_keep']} kept only by min-keep"
-        + (f", {result['groups_over_budget']} {unit}s over budget because of min-keep" if result["budget_tokens"] is not None else "")
+        + (f", {result['groups_over_budget']} {unit}s over budget because of min-keep" if result["groups_over_budget"] else "")
         + "):",
         "",
-        *table(["reason", "bullets"], reasons),
+        *table(["reason", "bullets"], why),
         "",
         f"{store_line} {t['wall_s']} s ({t['bullets_per_s']} bullets/s); {time_line(t)}.",
         "",

@@ -205,7 +205,7 @@ class MemoryPruner:
         check_scores(scores, ids, where)
         if self.calibrated:
             scores = self.scorer.calibrate(scores)
-        tokens = self.count_tokens(texts) if rule.policy == "budget" else None
+        tokens = self.count_tokens(texts) if rule.policy.needs_tokens else None
         return scores, decide(scores, groups, rule, tokens, texts, emb)
 
     def decisions(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, Decision]:

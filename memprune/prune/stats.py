@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from memprune.prune.config import PruneRule
-from memprune.prune.policy import REASONS, Decision, apply_policy, find_duplicates
+from memprune.prune.policy import Decision, apply_policy, find_duplicates, reasons
 from memprune.prune.rule import group_codes
 
 
@@ -31,9 +31,9 @@ def empty_stats(settings: Sequence[PruneRule]) -> dict[str, Any]:
     """Additive counters of the prune job (merged over blocks by `merge_stats`)."""
     return {
         "rows": 0, "groups": 0, "tokens": 0, "score_sum": 0.0, "score_min": None, "score_max": None,
-        "below_threshold": 0, "duplicates": 0,
+        "duplicates": 0,
         "settings": {r.name: {"kept": 0, "tokens_kept": 0, "groups_emptied": 0, "groups_over_budget": 0, "rescued": 0,
-                              "reasons": dict.fromkeys(REASONS, 0), "kept_hist": {}}
+                              "reasons": dict.fromkeys(reasons(), 0), "kept_hist": {}}
                      for r in settings},
     }
 
@@ -56,7 +56,6 @@ def block_stats(
         group_hashes=np.fromiter((stable_hash(groups[i]) for i in first), dtype=np.int64, count=len(first)),
     )
     main = settings[0]
-    stats["below_threshold"] = int((scores < main.threshold).sum()) if main.threshold is not None else 0
     dup = find_duplicates(scores, codes, texts, embeddings, main.dedup_threshold, order) if main.dedup else None
     stats["duplicates"] = int((dup >= 0).sum()) if dup is not None else 0
     decisions = []
@@ -69,7 +68,7 @@ def block_stats(
         stats["settings"][rule.name] = {
             "kept": int(d.keep.sum()), "tokens_kept": int(tokens[d.keep].sum()),
             "groups_emptied": int((kept == 0).sum()),
-            "groups_over_budget": int((kept_tokens > rule.budget_tokens).sum()) if rule.policy == "budget" else 0,
+            "groups_over_budget": rule.policy.groups_over(kept_tokens),
             "rescued": int(d.rescued.sum()), "reasons": d.reason_counts(),
             "kept_hist": {str(i): int(c) for i, c in enumerate(hist) if c},
         }
@@ -79,7 +78,7 @@ def block_stats(
 def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Sum two counter dicts from `block_stats`/`empty_stats` (min/max combined, histograms added)."""
     out = dict(a)
-    for key in ("rows", "groups", "tokens", "score_sum", "below_threshold", "duplicates"):
+    for key in ("rows", "groups", "tokens", "score_sum", "duplicates"):
         out[key] = a[key] + b[key]
     for key, fn in (("score_min", min), ("score_max", max)):
         vals = [v for v in (a[key], b[key]) if v is not None]
@@ -106,10 +105,7 @@ def summarize_stats(stats: dict[str, Any], settings: Sequence[PruneRule]) -> dic
     for rule in settings:
         s = stats["settings"][rule.name]
         out[rule.name] = {
-            "policy": rule.policy, "threshold": rule.threshold if rule.policy == "rule" else None,
-            "top_k": rule.top_k if rule.policy == "rule" else None,
-            "budget_tokens": rule.budget_tokens if rule.policy == "budget" else None,
-            "fraction": rule.fraction if rule.policy == "fraction" else None,
+            "policy": rule.policy.name, **rule.policy.model_dump(), "label": rule.label,
             "floor": rule.floor, "min_keep": rule.min_keep,
             "dedup_threshold": rule.dedup_threshold if rule.dedup else None,
             "bullets_before": rows / per, "bullets_after": s["kept"] / per,

@@ -10,6 +10,7 @@ Writes go through `fetch` (whole records for the archive), `delete`, `set_fields
 from __future__ import annotations
 
 import hashlib
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ NORMAL = pa.schema([
     pa.field("id", pa.string()), pa.field("text", pa.string()), pa.field("group", pa.string()),
     pa.field("time", pa.string()), pa.field("hash", pa.string()), pa.field("reject", pa.string()),
 ])
+KIND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # what a store kind may be called (`table`, `mem0`, ...)
 STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 Partition = Callable[[], Iterator[pa.RecordBatch]]
 
@@ -202,7 +204,7 @@ def split_input(text: str) -> tuple[str, str] | None:
     if Path(text).exists() or ":" not in text:
         return None
     kind, _, location = text.partition(":")
-    if len(kind) == 1:  # a drive letter, not a store kind
+    if len(kind) == 1 or not KIND_NAME.match(kind):  # a drive letter, or a path with a colon: not a store kind
         return None
     if kind not in _KINDS:
         raise StoreError(f"--input {text}: unknown store kind {kind!r} (known: {', '.join(kinds())}; "

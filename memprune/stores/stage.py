@@ -60,9 +60,6 @@ def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | 
     return None
 
 
-POLICY_FIELDS = ("policy", "threshold", "top_k", "budget_tokens", "fraction")
-
-
 def _check_request(config: Any, out: Path) -> None:
     """`--apply` changes a user's store: only with a policy the user named, and a decision they could read first."""
     if config.rule.group_by != "conversation" and "group_by" in config.rule.model_fields_set:
@@ -70,7 +67,7 @@ def _check_request(config: Any, out: Path) -> None:
                          "column; leave --group-by unset")
     if config.store.apply == "none":
         return
-    if not set(POLICY_FIELDS) & config.rule.model_fields_set:
+    if "policy" not in config.rule.model_fields_set:  # neither a policy nor one of its settings was given
         raise StoreError("--apply changes the store, so it does not run on the default policy: name it (--top-k K, "
                          "--threshold T, --budget-tokens B or --fraction q; a group of hundreds of memories is not a "
                          "session of 7); nothing was changed")
