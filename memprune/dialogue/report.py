@@ -19,7 +19,7 @@ def condition_label(condition: str, summary: dict[str, Any]) -> str:
         return f"Retrieval (top-{k}, LD-Agent-style)" if k != "pruned" else "Retrieval (k = pruned count)"
     if condition == "pruned" and (summary.get("pruned") or {}).get("rule"):
         rule = summary["pruned"]["rule"]
-        return f"Pruned memory (t={rule.get('threshold')}, k={rule.get('top_k')})"
+        return f"Pruned memory ({rule.get('label') or rule.get('name')})"
     return LABELS[condition]
 
 

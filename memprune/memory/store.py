@@ -51,7 +51,7 @@ def _check_schema(file: Path) -> None:
 
 
 def _store_rule(files: list[Path]) -> dict[str, Any] | None:
-    """The pruning rule of the store's `prune.json` (threshold, top_k, group_by) when the store has one."""
+    """The pruning rule of the store's `prune.json` (as prune.json records it: flat, with its `label`) if it has one."""
     report = files[0].parent.parent / "prune.json" if files[0].parent.name == "pruned" else None
     if report is None or not report.is_file():
         return None
@@ -59,7 +59,7 @@ def _store_rule(files: list[Path]) -> dict[str, Any] | None:
         rule = json.loads(report.read_text(encoding="utf-8")).get("rule") or {}
     except (ValueError, OSError):
         return None
-    return {k: rule.get(k) for k in ("threshold", "top_k", "group_by")}
+    return {k: v for k, v in rule.items() if k not in ("description", "keys")}
 
 
 def load_keep(path: str | Path) -> tuple[dict[str, bool], dict[str, Any]]:

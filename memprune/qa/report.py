@@ -20,7 +20,7 @@ def condition_label(condition: str, summary: dict[str, Any]) -> str:
     memory = summary["memory"]
     if condition == "pruned" and (summary.get("pruned") or {}).get("rule"):
         rule = summary["pruned"]["rule"]
-        return f"Pruned memory (t={rule.get('threshold')}, k={rule.get('top_k')})"
+        return f"Pruned memory ({rule.get('label') or rule.get('name')})"
     if condition == "retrieval" and memory.get("retrieval"):
         k = memory["retrieval"]["k"]
         return {"pruned": "Retrieval (k = pruned count)", "pruned_tokens": "Retrieval (pruned token budget)"}.get(
