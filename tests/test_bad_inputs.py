@@ -273,6 +273,7 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
         ("restore-missing", ["restore", "--archive", str(r / "missing"), "--all", "--into", o], "archive.json", o),
         ("restore-not-archive", ["restore", "--archive", labels, "--all"], "not an archive", labels),
         ("restore-neither", ["restore", "--archive", archive, "--into", o], "exactly one", o),
+        ("restore-no-archive", ["restore"], "give --archive DIR", o),
         ("restore-both", ["restore", "--archive", archive, "--all", "--ids", str(r / "ids.txt"), "--into", o],
          "exactly one", o),
         ("restore-ids-missing", ["restore", "--archive", archive, "--ids", str(r / "noids.txt"), "--into", o],

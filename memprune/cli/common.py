@@ -11,6 +11,7 @@ from typing import Any, NoReturn, Optional, TypeVar
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     add_completion=False,
@@ -52,7 +53,9 @@ def main() -> None:
 
 def fail(message: str) -> NoReturn:
     """Print one clear error line and exit with status 2."""
-    console.print(f"[bold red]error:[/] {' '.join(message.split())}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: a path like `nope:x:` or a list like `['a']` prints as it is.
+    console.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True,
+                  emoji=False)
     raise typer.Exit(code=2)
 
 

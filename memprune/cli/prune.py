@@ -83,7 +83,8 @@ def prune(
 
 @app.command()
 def restore(
-    archive: Path = typer.Option(..., "--archive", help="An archive directory (`memprune prune --emit split`: OUT/dropped)."),
+    archive: Optional[Path] = typer.Option(None, "--archive", help="An archive directory (`memprune prune --emit split`: "
+                                                                    "OUT/dropped; `--apply` on a store: OUT/archive)."),
     ids: Optional[Path] = typer.Option(None, "--ids", help="File of ids to restore, one per line."),
     all_: bool = typer.Option(False, "--all", help="Restore every archived record."),
     into: Optional[Path] = typer.Option(None, "--into", help="The store to restore into [default: the store the "
@@ -93,6 +94,8 @@ def restore(
     from memprune.archive import read_ids
     from memprune.archive import restore as restore_archive
 
+    if archive is None:
+        fail("give --archive DIR (an archive a prune wrote) and one of --ids FILE or --all")
     if (ids is None) == (not all_):
         fail("give exactly one of --ids FILE or --all")
     with user_errors("restore"):

@@ -27,7 +27,7 @@ NORMAL = pa.schema([
     pa.field("id", pa.string()), pa.field("text", pa.string()), pa.field("group", pa.string()),
     pa.field("time", pa.string()), pa.field("hash", pa.string()), pa.field("reject", pa.string()),
 ])
-KIND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # what a store kind may be called (`table`, `mem0`, ...)
+KIND_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # what a store kind may be called (`table`, `mem0`, ...)
 STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 Partition = Callable[[], Iterator[pa.RecordBatch]]
 
