@@ -251,7 +251,8 @@ def test_plan_prompt_tokens_are_what_the_engine_reports(ray_local, tiny_llm: str
     from typer.testing import CliRunner
 
     from memprune.cli import app
-    from memprune.label.cost import PromptCounter, pairwise_prompts
+    from memprune.label.cost import PromptCounter
+    from memprune.label.llm_judge import pairwise_prompts
     from memprune.label.pairs import build_pairs, target_groups
     from memprune.llm import load_template
 

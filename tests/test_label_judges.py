@@ -152,7 +152,8 @@ def test_consensus_mean_spread_agreement_and_failed_bullets():
 
 def test_plan_counts_match_whole_prompt_tokenization(plan, tiny_llm: str):
     from memprune.label.config import CostOptions, ListwiseOptions
-    from memprune.label.cost import PromptStats, pairwise_prompts
+    from memprune.label.cost import PromptStats
+    from memprune.label.llm_judge import pairwise_prompts
     from memprune.llm import load_template
 
     counter = PromptCounter(tiny_llm)
@@ -167,7 +168,7 @@ def test_plan_counts_match_whole_prompt_tokenization(plan, tiny_llm: str):
     assert stats.calls == 3 and 0 < stats.reusable < stats.tokens and stats.reusable % 16 == 0
 
     # a prompt budget cuts lists into chunks that fit: every chunk's prompt counts at most the budget
-    from memprune.label.cost import list_budget, listwise_prompts
+    from memprune.label.listwise import list_budget, listwise_prompts
 
     groups = target_groups(plan)
     template = load_template("judge_listwise_v1", "listwise")
@@ -260,3 +261,23 @@ def test_train_weighs_rows_by_agreement(tmp_path: Path):
                    label_weights={"judge": 2.0}) == pytest.approx({"a": 2.0, "b": 1.5, "c": 1.0})
     with pytest.raises(TrainError, match="no label table has an `agreement` column"):
         weights("plain", label_weight_by="agreement")
+
+
+# ---------------------------------------------------------------- the judge registry
+
+
+def test_every_judge_kind_is_one_registry_entry_selected_by_the_settings():
+    import typing
+
+    from memprune.label.config import LabelSettings
+    from memprune.label.judges import JUDGES, plan_modes
+
+    assert list(JUDGES) == ["similarity", "pairwise", "listwise", "likelihood"]
+    judges = set(typing.get_args(LabelSettings.model_fields["judge"].annotation))
+    modes = set(typing.get_args(LabelSettings.model_fields["judge_mode"].annotation))
+    assert {e.judge for e in JUDGES.values()} == judges and {e.judge_mode for e in JUDGES.values()} == modes
+    for kind, entry in JUDGES.items():
+        settings = LabelSettings(judge=entry.judge, judge_mode=entry.judge_mode, plan=True)
+        assert settings.judge_entry() is entry and entry.judge_all is not None
+        assert (entry.run is None) == (not entry.needs_llm) and (entry.plan is None) == (entry.task is None)
+    assert plan_modes() == ("pairwise", "listwise", "likelihood")

@@ -7,7 +7,7 @@
 - `pairs`: bullets of session t x turns of the sessions after it (pure).
 - `similarity` / `llm_judge` / `listwise` / `likelihood`: the judges (CPU proxy / the paper's pairwise
   LLM judge / one prompt per target turn / log-probability gain), in resumable shards (`shards`).
-- `judges` runs the model judges; `consensus` + `agreement`: several judges, their mean, spread and
+- `judges`: the `JUDGES` registry (one `JudgeEntry` per kind, declared in its module); `judging` runs them; `consensus` + `agreement`: several judges, their mean, spread and
   agreement (Spearman, Krippendorff's alpha).
 - `cost`: calls, tokens, prefix-cache reuse and GPU-hours (`--plan`, and `label.json` -> `cost`).
 - `aggregate`: pairs -> labels (max or mean, horizon decay).
@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from memprune.label import likelihood, listwise, llm_judge, similarity  # noqa: F401  (register the judges)
 from memprune.label.aggregate import ALL_PAIRS_FAILED, aggregate, decay_weight
 from memprune.label.config import LabelConfig, LabelError, LabelSettings
 from memprune.label.stage import run

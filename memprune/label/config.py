@@ -14,10 +14,8 @@ from pydantic import Field, model_validator
 
 from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
+from memprune.label.judges import JUDGES, JudgeEntry, judge_of
 from memprune.label.pairs import PairOptions
-
-DEFAULT_SHARD_SIZE = {"similarity": 4096, "llm": 4096, "likelihood": 4096}
-JUDGE_MODES = ("pairwise", "listwise")
 
 
 class LabelError(MemPruneError):
@@ -122,21 +120,22 @@ class LabelSettings(ConfigModel):
     def _judge_settings(self) -> "LabelConfig":
         if self.source == "usage" and self.usage.log is None:
             raise ValueError("source=usage needs the usage log: set `usage.log` (CLI: --usage-log)")
-        model_judge = self.judge in ("llm", "likelihood")
+        entry = judge_of(self.judge, self.judge_mode)
+        model_judge = entry.needs_llm
         if self.source == "judge" and model_judge and self.llm is None and self.llm_config is None \
                 and not self.judge_set and not self.plan:
             raise ValueError(f"judge={self.judge} needs an LLM config: set `llm_config` (a YAML file), an inline "
                              "`llm` section or `judge_set`")
-        if self.judge_mode == "listwise" and self.judge != "llm":
-            raise ValueError(f"judge_mode=listwise needs judge=llm (judge is {self.judge})")
-        if (self.judge_mode == "listwise" or self.judge == "likelihood") and self.order != "target":
-            raise ValueError("judge_mode=listwise and judge=likelihood group pairs by target turn: set order=target")
+        if entry.by_target and self.order != "target":
+            raise ValueError(f"the {entry.kind} judge groups pairs by target turn: set order=target")
         if self.judge_set and self.judge_samples > 1:
             raise ValueError("give either judge_set (several judges) or judge_samples (one judge sampled k times)")
         if self.judge_set and not model_judge:
-            raise ValueError(f"judge_set needs judge=llm or judge=likelihood (judge is {self.judge})")
-        if self.judge_samples > 1 and self.judge != "llm":
-            raise ValueError(f"judge_samples needs judge=llm; the {self.judge} judge is deterministic")
+            models = " or ".join(sorted({f"judge={e.judge}" for e in JUDGES.values() if e.needs_llm}))
+            raise ValueError(f"judge_set needs {models} (judge is {self.judge})")
+        if self.judge_samples > 1 and not entry.samples:
+            sampled = " or ".join(sorted({f"judge={e.judge}" for e in JUDGES.values() if e.samples}))
+            raise ValueError(f"judge_samples needs {sampled}; the {self.judge} judge is deterministic")
         for path in self.judge_set:
             if not Path(path).expanduser().is_file():
                 raise ValueError(f"judge_set: {path}: no such LLM config file")
@@ -146,8 +145,12 @@ class LabelSettings(ConfigModel):
         return PairOptions(speaker=self.speaker, context_turns=self.context_turns, horizon=self.horizon,
                            order=self.order)
 
+    def judge_entry(self) -> JudgeEntry:
+        """The `JUDGES` entry these settings select (`judge`, and `judge_mode` for the LLM judge)."""
+        return judge_of(self.judge, self.judge_mode)
+
     def effective_shard_size(self) -> int:
-        return self.shard_size or DEFAULT_SHARD_SIZE[self.judge]
+        return self.shard_size or self.judge_entry().shard_size
 
     def llm_settings(self) -> Any:
         """The judge's `memprune.llm.LLMConfig`: the `llm_config` file, then the inline `llm`, then `llm_overrides`."""

@@ -31,6 +31,7 @@ import pyarrow as pa
 from memprune.label.aggregate import ALL_PAIRS_FAILED, aggregate
 from memprune.label.agreement import agreement_summary
 from memprune.label.config import LabelSettings
+from memprune.label.judges import JUDGES
 from memprune.schema import LABELS
 
 # labels.parquet of a consensus run: the LABELS contract plus what the judges' agreement says
@@ -41,7 +42,7 @@ LABELS_CONSENSUS = (LABELS.append(pa.field("n_judges", pa.int32(), nullable=Fals
 
 @dataclass(frozen=True)
 class JudgeSpec:
-    """One configured judge: its kind (llm / likelihood), mode, LLM config and number of samples."""
+    """One configured judge: its `judge` setting, its kind (a `JUDGES` key), LLM config and number of samples."""
 
     kind: str
     mode: str
@@ -51,13 +52,13 @@ class JudgeSpec:
     @property
     def name(self) -> str:
         """A short name of the judge: `<kind>:<engine>:<model>:<prompt of its mode>`."""
-        task = {"pairwise": "judge", "listwise": "listwise", "likelihood": "loglik"}[self.mode]
-        return f"{'likelihood' if self.kind == 'likelihood' else 'llm'}:{self.llm.describe(task)}"
+        entry = JUDGES[self.mode]
+        return f"{entry.name_prefix}:{self.llm.describe(entry.task)}"
 
 
 def judge_specs(cfg: LabelSettings) -> list[JudgeSpec]:
     """The judges of a run: one per `judge_set` file, or the one LLM config (sampled `judge_samples` times)."""
-    mode = "likelihood" if cfg.judge == "likelihood" else cfg.judge_mode
+    mode = cfg.judge_entry().kind
     return [JudgeSpec(cfg.judge, mode, llm, cfg.judge_samples) for llm in cfg.judge_llm_settings()]
 
 

@@ -1,7 +1,7 @@
 """Cost accounting and planning of a labeling run: LLM calls, prompt and generated tokens, prefix-cache reuse.
 
-`memprune label --plan` renders every prompt a judge mode would send (`pairwise`, `listwise`,
-`likelihood`) and counts tokens without running the model; a real run records the same plan for
+`memprune label --plan` renders every prompt a judge mode would send (each `JUDGES` entry's `plan`:
+the judge module renders its own prompts) and counts tokens without running the model; a real run records the same plan for
 its own mode next to what the engine measured. Rules, precisely:
 
 - tokenizer: the judge model's own (its local directory: tokenizer and chat template), else a named
@@ -25,8 +25,7 @@ its own mode next to what the engine measured. Rules, precisely:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +33,13 @@ import numpy as np
 
 from memprune.encoders import model_label, resolve_encoder
 from memprune.label.config import LabelError
-from memprune.label.listwise import ScoredList, build_lists, output_budget
+from memprune.label.judges import JUDGES
 from memprune.label.pairs import PairPlan, target_groups
-from memprune.llm.prompts import (
-    NO_MEMORY,
-    escape,
-    judge_messages,
-    listwise_messages,
-    load_template,
-    render_note,
-    reply_messages,
-)
+from memprune.llm.prompts import load_template
 from memprune.llm.tokens import has_chat_template, local_tokenizer, render_prompt
 from memprune.tokens import backend_encoder
 
 HOLE = "\ue000"  # a private-use character: survives escaping, never occurs in dialogue text
-MODES = ("pairwise", "listwise", "likelihood")
 LINE_CHECK_PROMPTS = 32
 
 
@@ -152,94 +142,11 @@ class PromptStats:
         return float((line - whole) / whole) if whole else None
 
 
-def _holed(render: Callable[[str], str], hole_text: str) -> tuple[str, str]:
+def holed(render: Callable[[str], str], hole_text: str) -> tuple[str, str]:
     """The prompt rendered around a hole: (text before, text after) the rendered `hole_text`."""
     full = render(HOLE)
     at = full.index(hole_text)
     return full[:at], full[at + len(hole_text):]
-
-
-def pairwise_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter,
-                     template: Any) -> Iterable[str]:
-    """The pairwise judge prompt of every pair, in judging order (the bullet is the only part that changes)."""
-    rows = plan.pairs.select(["context", "target", "target_speaker"])
-    bullets = plan.pairs.column("bullet").to_pylist()
-    for a, b in groups:
-        row = rows.slice(a, 1).to_pylist()[0]
-        head, tail = _holed(lambda h: counter.render(judge_messages({**row, "bullet": h}, template)), HOLE)
-        for p in range(a, b):
-            yield head + escape(bullets[p]) + tail
-
-
-def listwise_prompts(plan: PairPlan, lists: list[ScoredList], groups: list[tuple[int, int]], counter: PromptCounter,
-                     template: Any) -> Iterable[str]:
-    """The listwise judge prompt of every list, in judging order."""
-    rows = plan.pairs.select(["context", "target", "target_speaker"])
-    bullets = plan.pairs.column("bullet").to_pylist()
-    cache: dict[int, tuple[str, str]] = {}
-    for lst in lists:
-        if lst.group not in cache:
-            cache.clear()
-            row = rows.slice(groups[lst.group][0], 1).to_pylist()[0]
-            cache[lst.group] = _holed(lambda h: counter.render(listwise_messages({**row, "bullets": [h]}, template)),
-                                      f'<bullet id="1">{HOLE}</bullet>')
-        head, tail = cache[lst.group]
-        block = "\n".join(f'<bullet id="{i}">{escape(bullets[p])}</bullet>' for i, p in enumerate(lst.positions, 1))
-        yield head + block + tail
-
-
-def likelihood_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter,
-                       template: Any) -> Iterable[str]:
-    """Every sequence the likelihood judge scores: per target turn the no-memory baseline, then one per pair."""
-    from memprune.label.likelihood import note
-
-    rows = plan.pairs.select(["context", "target", "target_speaker"])
-    bullets, speakers = plan.pairs.column("bullet").to_pylist(), plan.pairs.column("bullet_speaker").to_pylist()
-    for a, b in groups:
-        row = rows.slice(a, 1).to_pylist()[0]
-        head, tail = _holed(lambda h: counter.render(reply_messages({**row, "memory": [h]}, template)),
-                            f"<note>{HOLE}</note>")
-        tail += row["target"]
-        yield head + NO_MEMORY + tail
-        for p in range(a, b):
-            yield head + render_note(note(bullets[p], speakers[p]), 0) + tail
-
-
-def list_budget(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter, template: Any,
-                max_prompt_tokens: int | None, max_model_len: int | None,
-                tokens_per_bullet: int) -> Callable[[list[int]], bool] | None:
-    """`fits(positions)`: does the list prompt of these bullets (+ its output budget) fit the model? None: no limit."""
-    if max_prompt_tokens is None and max_model_len is None:
-        return None
-    group_of = np.zeros(plan.pairs.num_rows, dtype=np.int64)
-    for g, (a, b) in enumerate(groups):
-        group_of[a:b] = g
-    rows = plan.pairs.select(["context", "target", "target_speaker"])
-    bullets = plan.pairs.column("bullet").to_pylist()
-    fixed: dict[int, int] = {}
-
-    def fits(positions: list[int]) -> bool:
-        g = int(group_of[positions[0]])
-        if g not in fixed:
-            row = rows.slice(groups[g][0], 1).to_pylist()[0]
-            text = counter.render(listwise_messages({**row, "bullets": [HOLE]}, template))
-            fixed[g] = int(counter.count([text.replace(f'<bullet id="1">{HOLE}</bullet>', "")])[0])
-        lines = [f'<bullet id="{len(positions):02d}">{escape(bullets[p])}</bullet>\n' for p in positions]
-        prompt = fixed[g] + int(counter.count(["".join(lines)])[0])
-        out = output_budget(len(positions), tokens_per_bullet)
-        return ((max_prompt_tokens is None or prompt <= max_prompt_tokens)
-                and (max_model_len is None or prompt + out <= max_model_len))
-
-    return fits
-
-
-def generated_per_call(mode: str, counter: PromptCounter, k: int = 1) -> int:
-    """The planned output tokens of one call (+ 1 end token): a score object, a list of k scores, or one token."""
-    if mode == "likelihood":
-        return 1
-    if mode == "pairwise":
-        return int(counter.count(['{"score":0.5}'])[0]) + 1
-    return int(counter.count([json.dumps([{"id": i, "score": 5} for i in range(1, k + 1)], separators=(",", ":"))])[0]) + 1
 
 
 def gpu_hours(uncached_prompt_tokens: float, generated_tokens: float, cost: Any) -> float | None:
@@ -258,32 +165,18 @@ def plan_mode(mode: str, plan: PairPlan, counter: PromptCounter, llm: Any, listw
     the label settings' sections; `instances` multiplies the calls (judge samples or several judges
     of the same model).
     """
-    block_size = cost.block_size
+    entry = JUDGES.get(mode)
+    if entry is None or entry.plan is None or entry.task is None:
+        planned = ", ".join(k for k, e in JUDGES.items() if e.plan is not None)
+        raise ValueError(f"mode must be one of {planned}, got {mode!r}")
     groups = target_groups(plan)
-    stats = PromptStats(counter, block_size)
-    generated = 0
-    if mode == "pairwise":
-        template = load_template(llm.judge_prompt if llm else "judge_v1", "judge")
-        texts: Iterable[str] = pairwise_prompts(plan, groups, counter, template)
-        per_call = generated_per_call(mode, counter)
-    elif mode == "listwise":
-        template = load_template(llm.listwise_prompt if llm else "judge_listwise_v1", "listwise")
-        fits = list_budget(plan, groups, counter, template, listwise.max_prompt_tokens,
-                           getattr(llm, "max_model_len", None), listwise.tokens_per_bullet)
-        lists = build_lists(plan, groups, listwise.seed, listwise.max_bullets, listwise.orders, fits)
-        texts = listwise_prompts(plan, lists, groups, counter, template)
-        generated = sum(generated_per_call(mode, counter, len(lst.positions)) for lst in lists)
-        per_call = 0
-    elif mode == "likelihood":
-        template = load_template(llm.likelihood_prompt if llm else "reply_v1", "loglik")
-        texts = likelihood_prompts(plan, groups, counter, template)
-        per_call = 1
-    else:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    stats = PromptStats(counter, cost.block_size)
+    template = load_template(llm.prompt_name(entry.task) if llm else entry.default_prompt, entry.task)
+    texts, generated, per_call = entry.plan(plan, groups, counter, template, llm, listwise)
     for text in texts:
         stats.add(text)
     generated += per_call * stats.calls
-    cache = mode != "likelihood"
+    cache = entry.prefix_cache
     reusable = stats.reusable if cache else 0
     calls, prompt, generated = stats.calls * instances, stats.tokens * instances, generated * instances
     pairs = plan.pairs.num_rows

@@ -1,4 +1,4 @@
-"""Run the configured model judges (pairwise / listwise LLM judge, likelihood judge; one or several) over a plan.
+"""Run the configured model judges (any `JUDGES` entry with `needs_llm`; one or several) over a plan.
 
 Each judge works in its own fingerprinted work dir (`OUT/.work/<fingerprint>/`), so a consensus
 run reuses the shards of a judge it shares with an earlier run, and every judging instance (a
@@ -15,8 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from memprune.label.config import LabelConfig
-from memprune.label.consensus import JudgeSpec, instance_names
-from memprune.label.pairs import PairPlan, target_groups
+from memprune.label.consensus import JudgeSpec, instance_names, judge_specs
+from memprune.label.judges import JUDGES
+from memprune.label.pairs import PairPlan
 from memprune.label.shards import sample_view
 from memprune.work import WorkDir
 
@@ -35,7 +36,7 @@ def work_payload(cfg: LabelConfig, inputs: dict[str, str], judge_settings: dict[
         "shard_size": cfg.effective_shard_size(),
         "judge_settings": judge_settings,
     }
-    if cfg.judge != "similarity":
+    if cfg.judge_entry().context:
         payload["context_turns"] = cfg.context_turns
     return payload
 
@@ -45,8 +46,9 @@ def spec_settings(cfg: LabelConfig, spec: JudgeSpec) -> dict[str, Any]:
     settings: dict[str, Any] = {"llm": spec.llm.model_dump(mode="json"), "mode": spec.mode}
     if spec.samples > 1:
         settings.update(samples=spec.samples, temperature=cfg.judge_temperature)
-    if spec.mode == "listwise":
-        settings.update(listwise=cfg.listwise.model_dump(mode="json"), cost_tokenizer=cfg.cost.tokenizer)
+    extra = JUDGES[spec.mode].settings
+    if extra is not None:
+        settings.update(extra(cfg))
     return settings
 
 
@@ -63,6 +65,7 @@ class Judged:
     stats: dict[str, Any] = field(default_factory=dict)
     work_dirs: list[str] = field(default_factory=list)
     tables: list[pa.Table] = field(default_factory=list)
+    specs: list[JudgeSpec] = field(default_factory=list)  # the model judges that ran (none: similarity)
 
 
 def _merge(into: dict[str, Any], run: dict[str, Any]) -> None:
@@ -77,28 +80,14 @@ def _merge(into: dict[str, Any], run: dict[str, Any]) -> None:
 def run_spec(cfg: LabelConfig, plan: PairPlan, spec: JudgeSpec, work: WorkDir, stats: dict[str, Any]
              ) -> tuple[pa.Table, Any]:
     """Judge the plan with one judge in its work dir: its `JUDGED` rows (score set) and the judge object."""
-    if spec.mode == "likelihood":
-        from memprune.label.likelihood import LikelihoodJudge, judge_likelihood, with_scores
+    run = JUDGES[spec.mode].run
+    assert run is not None, spec.mode
+    return run(cfg, plan, spec, work, stats)
 
-        judge: Any = LikelihoodJudge(spec.llm, cfg.likelihood.mapping, cfg.likelihood.scale)
-        table = judge_likelihood(cfg, plan, work, judge, stats)
-        return with_scores(table, cfg.likelihood.mapping, cfg.likelihood.scale), judge
-    if spec.mode == "listwise":
-        from memprune.label.cost import PromptCounter, list_budget
-        from memprune.label.listwise import ListwiseJudge, judge_listwise
-        from memprune.llm import load_template
 
-        judge = ListwiseJudge(spec.llm)
-        fits = None
-        if cfg.listwise.max_prompt_tokens is not None or spec.llm.max_model_len is not None:
-            counter = PromptCounter(spec.llm.model, cfg.cost.tokenizer, spec.llm.trust_remote_code)
-            fits = list_budget(plan, target_groups(plan), counter, load_template(spec.llm.listwise_prompt, "listwise"),
-                               cfg.listwise.max_prompt_tokens, spec.llm.max_model_len, cfg.listwise.tokens_per_bullet)
-        return judge_listwise(cfg, plan, work, judge, stats, spec.samples, fits), judge
-    from memprune.label.llm_judge import LLMJudge, judge_llm
-
-    judge = LLMJudge(spec.llm)
-    return judge_llm(cfg, plan, work, judge, stats, spec.samples), judge
+def judge_all(cfg: LabelConfig, plan: PairPlan, inputs: dict[str, str]) -> Judged:
+    """`JudgeEntry.judge_all` of the model judges: every judge of `judge_specs(cfg)` over `plan`."""
+    return run_judges(cfg, plan, judge_specs(cfg), inputs)
 
 
 def run_judges(cfg: LabelConfig, plan: PairPlan, specs: list[JudgeSpec], inputs: dict[str, str]) -> Judged:
@@ -122,14 +111,9 @@ def run_judges(cfg: LabelConfig, plan: PairPlan, specs: list[JudgeSpec], inputs:
             out.errors.append(view.column("error").to_pylist())
             modes = view.column("judge_mode").to_pylist()
             out.modes.append(modes)
-            out.judge_values.append([list_name if m == "listwise" else judge.name for m in modes])
-            extras: dict[str, pa.Array] = {}
-            if spec.mode == "listwise":
-                extras = {"list_position": view.column("list_position").combine_chunks(),
-                          "list_size": view.column("list_size").combine_chunks()}
-            elif spec.mode == "likelihood":
-                extras = {"gain": view.column("gain").combine_chunks()}
-            out.extras.append(extras)
+            out.judge_values.append([list_name if JUDGES[m].lists else judge.name for m in modes])
+            out.extras.append({c: view.column(c).combine_chunks() for c in JUDGES[spec.mode].extras})
     out.scores = np.vstack(rows) if rows else np.zeros((0, n))
     out.names = instance_names(specs, names)
+    out.specs = list(specs)
     return out

@@ -23,15 +23,22 @@ judge is prefill-bound: plan it by prompt tokens (`memprune label --plan`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from memprune.label.config import LabelSettings
+from memprune.label.cost import HOLE, PromptCounter, holed
+from memprune.label.judges import JudgeEntry, register
+from memprune.label.judging import judge_all
 from memprune.label.llm_judge import blocks
 from memprune.label.pairs import PairPlan, group_bounds, target_groups
 from memprune.label.shards import judged_table, run_shards
+from memprune.label.summary import value_stats
+from memprune.llm.prompts import NO_MEMORY, render_note, reply_messages
+from memprune.markdown import fmt
 from memprune.runtime import ensure_ray
 from memprune.work import WorkDir
 
@@ -153,3 +160,58 @@ def with_scores(table: pa.Table, mapping: str, scale: float) -> pa.Table:
     score = gain_to_score(gain, mapping, scale)
     col = pa.array([None if np.isnan(v) else float(v) for v in score], pa.float64())
     return table.set_column(table.schema.get_field_index("score"), "score", col)
+
+
+def likelihood_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter,
+                       template: Any) -> Iterable[str]:
+    """Every sequence the likelihood judge scores: per target turn the no-memory baseline, then one per pair."""
+    rows = plan.pairs.select(["context", "target", "target_speaker"])
+    bullets, speakers = plan.pairs.column("bullet").to_pylist(), plan.pairs.column("bullet_speaker").to_pylist()
+    for a, b in groups:
+        row = rows.slice(a, 1).to_pylist()[0]
+        head, tail = holed(lambda h: counter.render(reply_messages({**row, "memory": [h]}, template)),
+                            f"<note>{HOLE}</note>")
+        tail += row["target"]
+        yield head + NO_MEMORY + tail
+        for p in range(a, b):
+            yield head + render_note(note(bullets[p], speakers[p]), 0) + tail
+
+
+def plan_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter, template: Any, llm: Any,
+                 listwise: Any) -> tuple[Iterable[str], int, int]:
+    """`--plan`: every scored sequence; one generated token per request (`max_tokens=1`)."""
+    return likelihood_prompts(plan, groups, counter, template), 0, 1
+
+
+def _run(cfg: LabelSettings, plan: PairPlan, spec: Any, work: WorkDir, stats: dict[str, Any]) -> tuple[pa.Table, Any]:
+    judge = LikelihoodJudge(spec.llm, cfg.likelihood.mapping, cfg.likelihood.scale)
+    table = judge_likelihood(cfg, plan, work, judge, stats)
+    return with_scores(table, cfg.likelihood.mapping, cfg.likelihood.scale), judge
+
+
+def report(cfg: LabelSettings, stats: dict[str, Any], tables: list[pa.Table]) -> dict[str, Any]:
+    """Baselines scored (one per target turn), the gain distribution (all judges) and the squashing used."""
+    gains = np.concatenate([t.column("gain").to_numpy(zero_copy_only=False).astype(np.float64) for t in tables]) \
+        if tables else np.zeros(0)
+    gains = gains[np.isfinite(gains)]
+    c = stats.get("counters", {})
+    served = c.get("replicas_served", 0) / c["engine_passes"] if c.get("engine_passes") and c.get("replicas_served") \
+        else None
+    return {"baselines": c.get("baselines", 0), "replicas_served_per_pass": served, "mapping": cfg.likelihood.mapping,
+            "scale": cfg.likelihood.scale, "gain_nats_per_token": value_stats(gains),
+            "gain_positive_share": float((gains > 0).mean()) if gains.size else None}
+
+
+def render(lk: dict[str, Any]) -> list[str]:
+    """label.md's likelihood section."""
+    g = lk["gain_nats_per_token"]
+    return ["## Likelihood gain", "", f"Baselines {lk['baselines']}; gain (nats/token) mean {fmt(g['mean'])}, "
+            f"min {fmt(g['min'])}, max {fmt(g['max'])}; mapping {lk['mapping']} (scale {lk['scale']}).", ""]
+
+
+# vLLM reads no prefix cache for requests that ask for prompt log-probabilities: prefix_cache=False
+LIKELIHOOD = register(JudgeEntry(
+    rank=3, kind="likelihood", judge="likelihood", by_target=True, task="loglik", default_prompt="reply_v1",
+    name_prefix="likelihood", extras=("gain",), prefix_cache=False,
+    description="log-probability gain of the real turn with the bullet in memory",
+    judge_all=judge_all, run=_run, plan=plan_prompts, report=report, render=render))

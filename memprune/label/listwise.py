@@ -21,8 +21,9 @@ are those of the pairwise judge.
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,12 +32,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.label.config import LabelSettings
+from memprune.label.cost import HOLE, PromptCounter, holed
+from memprune.label.judges import JudgeEntry, register
+from memprune.label.judging import judge_all
 from memprune.label.llm_judge import LLMJudge, blocks, judge_pair_rows, sampling_override
 from memprune.label.pairs import PairPlan, group_bounds, target_groups
 from memprune.label.shards import judged_table, run_shards
+from memprune.llm.prompts import escape, listwise_messages, load_template
+from memprune.markdown import fmt
 from memprune.runtime import ensure_ray
 from memprune.work import WorkDir
 
+KIND = "listwise"
 LIST_OVERHEAD_TOKENS = 8  # generated tokens of a list beyond tokens_per_bullet per bullet ("[", "]", slack)
 
 
@@ -191,7 +198,7 @@ def judge_listwise(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: Lis
     """Listwise judging of the plan in resumable shards of whole target turns; the `JUDGED` rows of every pair.
 
     `fits(positions)` says whether a list of those plan positions fits the prompt token budget
-    (`memprune.label.cost.list_budget`); None: only `listwise.max_bullets` cuts lists.
+    (`list_budget`); None: only `listwise.max_bullets` cuts lists.
     """
     opts = cfg.listwise
     groups = target_groups(plan)
@@ -238,3 +245,115 @@ def position_bias(table: pa.Table, max_positions: int = 10) -> dict[str, Any]:
         sel = pos == p
         out[str(p)] = {"n": int(sel.sum()), "mean_score": float(score[sel].mean()) if sel.any() else None}
     return out
+
+
+def listwise_prompts(plan: PairPlan, lists: list[ScoredList], groups: list[tuple[int, int]], counter: PromptCounter,
+                     template: Any) -> Iterable[str]:
+    """The listwise judge prompt of every list, in judging order."""
+    rows = plan.pairs.select(["context", "target", "target_speaker"])
+    bullets = plan.pairs.column("bullet").to_pylist()
+    cache: dict[int, tuple[str, str]] = {}
+    for lst in lists:
+        if lst.group not in cache:
+            cache.clear()
+            row = rows.slice(groups[lst.group][0], 1).to_pylist()[0]
+            cache[lst.group] = holed(lambda h: counter.render(listwise_messages({**row, "bullets": [h]}, template)),
+                                      f'<bullet id="1">{HOLE}</bullet>')
+        head, tail = cache[lst.group]
+        block = "\n".join(f'<bullet id="{i}">{escape(bullets[p])}</bullet>' for i, p in enumerate(lst.positions, 1))
+        yield head + block + tail
+
+
+def list_budget(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter, template: Any,
+                max_prompt_tokens: int | None, max_model_len: int | None,
+                tokens_per_bullet: int) -> Callable[[list[int]], bool] | None:
+    """`fits(positions)`: does the list prompt of these bullets (+ its output budget) fit the model? None: no limit."""
+    if max_prompt_tokens is None and max_model_len is None:
+        return None
+    group_of = np.zeros(plan.pairs.num_rows, dtype=np.int64)
+    for g, (a, b) in enumerate(groups):
+        group_of[a:b] = g
+    rows = plan.pairs.select(["context", "target", "target_speaker"])
+    bullets = plan.pairs.column("bullet").to_pylist()
+    fixed: dict[int, int] = {}
+
+    def fits(positions: list[int]) -> bool:
+        g = int(group_of[positions[0]])
+        if g not in fixed:
+            row = rows.slice(groups[g][0], 1).to_pylist()[0]
+            text = counter.render(listwise_messages({**row, "bullets": [HOLE]}, template))
+            fixed[g] = int(counter.count([text.replace(f'<bullet id="1">{HOLE}</bullet>', "")])[0])
+        lines = [f'<bullet id="{len(positions):02d}">{escape(bullets[p])}</bullet>\n' for p in positions]
+        prompt = fixed[g] + int(counter.count(["".join(lines)])[0])
+        out = output_budget(len(positions), tokens_per_bullet)
+        return ((max_prompt_tokens is None or prompt <= max_prompt_tokens)
+                and (max_model_len is None or prompt + out <= max_model_len))
+
+    return fits
+
+
+def generated_per_list(counter: PromptCounter, k: int) -> int:
+    """The planned output tokens of one list of k bullets: the schema's array, compact JSON (+ 1 end token)."""
+    return int(counter.count([json.dumps([{"id": i, "score": 5} for i in range(1, k + 1)], separators=(",", ":"))])[0]) + 1
+
+
+def plan_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter, template: Any, llm: Any,
+                 listwise: Any) -> tuple[Iterable[str], int, int]:
+    """`--plan`: the lists of the run (cut to the token budget) and every list prompt; the arrays they generate."""
+    fits = list_budget(plan, groups, counter, template, listwise.max_prompt_tokens,
+                       getattr(llm, "max_model_len", None), listwise.tokens_per_bullet)
+    lists = build_lists(plan, groups, listwise.seed, listwise.max_bullets, listwise.orders, fits)
+    generated = sum(generated_per_list(counter, len(lst.positions)) for lst in lists)
+    return listwise_prompts(plan, lists, groups, counter, template), generated, 0
+
+
+def plan_summary(modes: dict[str, Any]) -> dict[str, Any]:
+    """plan.json: how many times fewer prompt tokens per pair listwise needs than pairwise."""
+    pw, lw = modes.get("pairwise"), modes[KIND]
+    saving = pw["prompt_tokens_per_pair"] / lw["prompt_tokens_per_pair"] \
+        if pw and pw["prompt_tokens_per_pair"] and lw["prompt_tokens_per_pair"] else None
+    return {"listwise_saving": saving}
+
+
+def _run(cfg: LabelSettings, plan: PairPlan, spec: Any, work: WorkDir, stats: dict[str, Any]) -> tuple[pa.Table, Any]:
+    judge = ListwiseJudge(spec.llm)
+    fits = None
+    if cfg.listwise.max_prompt_tokens is not None or spec.llm.max_model_len is not None:
+        counter = PromptCounter(spec.llm.model, cfg.cost.tokenizer, spec.llm.trust_remote_code)
+        fits = list_budget(plan, target_groups(plan), counter, load_template(spec.llm.listwise_prompt, "listwise"),
+                           cfg.listwise.max_prompt_tokens, spec.llm.max_model_len, cfg.listwise.tokens_per_bullet)
+    return judge_listwise(cfg, plan, work, judge, stats, spec.samples, fits), judge
+
+
+def report(cfg: LabelSettings, stats: dict[str, Any], tables: list[pa.Table]) -> dict[str, Any]:
+    """Lists sent and failed, chunks that fell back to pairwise, order agreement and position bias."""
+    c = stats.get("counters", {})
+    table = pa.concat_tables(tables) if tables else None
+    return {
+        "lists_planned": stats.get("lists_planned"),
+        "lists_sent": c.get("lists", 0),
+        "lists_failed": c.get("lists_failed", 0),
+        "lists_parsed_strictly": c.get("lists_strict", 0),
+        "chunks_fallback": c.get("chunks_fallback", 0),
+        "pairs_fallback": c.get("pairs_fallback", 0),
+        "order_agreement": order_agreement(table) if table is not None else None,
+        "position_bias": position_bias(table) if table is not None else None,
+    }
+
+
+
+
+def render(lw: dict[str, Any]) -> list[str]:
+    """label.md's listwise section."""
+    oa = lw.get("order_agreement") or {}
+    return ["## Listwise", "", f"Lists sent {lw['lists_sent']}, failed after retries {lw['lists_failed']}; "
+            f"chunks that fell back to pairwise {lw['chunks_fallback']} ({lw['pairs_fallback']} pairs). "
+            f"Order agreement (Spearman, {oa.get('pairs', 0)} pairs): {fmt(oa.get('spearman'))}.", ""]
+
+
+LISTWISE = register(JudgeEntry(
+    rank=2, kind=KIND, judge="llm", judge_mode=KIND, samples=True, by_target=True, lists=True, task="listwise",
+    default_prompt="judge_listwise_v1", description="one LLM prompt per target turn listing its bullets",
+    extras=("list_position", "list_size"), judge_all=judge_all, run=_run,
+    settings=lambda cfg: {"listwise": cfg.listwise.model_dump(mode="json"), "cost_tokenizer": cfg.cost.tokenizer},
+    plan=plan_prompts, plan_summary=plan_summary, report=report, render=render))

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from memprune.label.config import LabelSettings
+from memprune.label.cost import HOLE, PromptCounter, holed
+from memprune.label.judges import JudgeEntry, register
+from memprune.label.judging import judge_all
 from memprune.label.pairs import PairPlan, shard_bounds
 from memprune.label.shards import judged_table, run_shards
+from memprune.llm.prompts import escape, judge_messages
 from memprune.runtime import ensure_ray
 from memprune.work import WorkDir
 
@@ -136,3 +141,32 @@ def judge_llm(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: LLMJudge
 def scores_and_errors(table: pa.Table) -> tuple[np.ndarray, list[str | None]]:
     """The score column as floats (NaN where null) and the error column of `JUDGED` rows."""
     return table.column("score").to_numpy(zero_copy_only=False).astype(np.float64), table.column("error").to_pylist()
+
+
+def pairwise_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter,
+                     template: Any) -> Iterable[str]:
+    """The pairwise judge prompt of every pair, in judging order (the bullet is the only part that changes)."""
+    rows = plan.pairs.select(["context", "target", "target_speaker"])
+    bullets = plan.pairs.column("bullet").to_pylist()
+    for a, b in groups:
+        row = rows.slice(a, 1).to_pylist()[0]
+        head, tail = holed(lambda h: counter.render(judge_messages({**row, "bullet": h}, template)), HOLE)
+        for p in range(a, b):
+            yield head + escape(bullets[p]) + tail
+
+
+def plan_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter, template: Any, llm: Any,
+                 listwise: Any) -> tuple[Iterable[str], int, int]:
+    """`--plan`: every pairwise prompt; each call generates one `{"score":x}` object (+ 1 end token)."""
+    return pairwise_prompts(plan, groups, counter, template), 0, int(counter.count(['{"score":0.5}'])[0]) + 1
+
+
+def _run(cfg: LabelSettings, plan: PairPlan, spec: Any, work: WorkDir, stats: dict[str, Any]) -> tuple[pa.Table, Any]:
+    judge = LLMJudge(spec.llm)
+    return judge_llm(cfg, plan, work, judge, stats, spec.samples), judge
+
+
+PAIRWISE = register(JudgeEntry(
+    rank=1, kind="pairwise", judge="llm", judge_mode="pairwise", samples=True, task="judge", default_prompt="judge_v1",
+    description="the paper's LLM judge: one prompt per (bullet, target turn) pair",
+    judge_all=judge_all, run=_run, plan=plan_prompts))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memprune.label.judges import JUDGES
 from memprune.markdown import fmt, table, time_line
 
 
@@ -50,17 +51,9 @@ def _judge_sections(s: dict[str, Any]) -> list[str]:
                         ["planned (tokenizer)", p["calls"], p["prompt_tokens"], p["generated_tokens"],
                          fmt(p["prompt_tokens_per_pair"], 1), fmt(p["prefix_cache_reusable_share"], 3)]])
         lines.append("")
-    if "listwise" in s:
-        lw = s["listwise"]
-        oa = lw.get("order_agreement") or {}
-        lines += ["## Listwise", "", f"Lists sent {lw['lists_sent']}, failed after retries {lw['lists_failed']}; "
-                  f"chunks that fell back to pairwise {lw['chunks_fallback']} ({lw['pairs_fallback']} pairs). "
-                  f"Order agreement (Spearman, {oa.get('pairs', 0)} pairs): {fmt(oa.get('spearman'))}.", ""]
-    if "likelihood" in s:
-        lk = s["likelihood"]
-        g = lk["gain_nats_per_token"]
-        lines += ["## Likelihood gain", "", f"Baselines {lk['baselines']}; gain (nats/token) mean {fmt(g['mean'])}, "
-                  f"min {fmt(g['min'])}, max {fmt(g['max'])}; mapping {lk['mapping']} (scale {lk['scale']}).", ""]
+    for kind, judge in JUDGES.items():  # each judge kind's own section (label.json[kind])
+        if judge.render is not None and kind in s:
+            lines += judge.render(s[kind])
     if "agreement" in s:
         a = s["agreement"]
         lines += ["## Judge agreement", ""]

@@ -19,6 +19,8 @@ import numpy as np
 from memprune.encoders import EncoderActor, SentenceEncoder, model_label
 from memprune.io import atomic_path
 from memprune.label.config import LabelSettings
+from memprune.label.judges import JudgeEntry, register
+from memprune.label.judging import Judged, work_payload
 from memprune.label.pairs import PairPlan, shard_bounds
 from memprune.runtime import ensure_ray, plan_actors
 from memprune.timing import busy_seconds, now
@@ -196,3 +198,23 @@ def judge_similarity(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: S
     stats["compute_s"] = busy_seconds(spans)  # the encoder passes and the pair scoring
     stats["pairs_judged"] = n if pending else 0
     return scores, [None] * n
+
+
+def judge_all(cfg: LabelSettings, plan: PairPlan, inputs: dict[str, str]) -> Judged:
+    """The similarity proxy over the whole plan: one judging instance, its scores and bookkeeping."""
+    sim = cfg.similarity
+    judge = SimilarityJudge(sim.model, batch_size=sim.batch_size, max_length=sim.max_length,
+                            mapping=sim.mapping, device=sim.device)
+    # The shards hold embeddings: the cosine -> score mapping is applied afterwards, on every run.
+    work = WorkDir(Path(cfg.out), work_payload(cfg, inputs, {"model": judge.model_name, "max_length": sim.max_length}))
+    stats: dict[str, Any] = {}
+    scores, errors = judge_similarity(cfg, plan, work, judge, stats)
+    n = plan.pairs.num_rows
+    return Judged(names=[judge.name], scores=scores.reshape(1, n), errors=[errors], modes=[[SIMILARITY.kind] * n],
+                  judge_values=[[judge.name] * n], extras=[{}], stats=stats, work_dirs=[str(work.path)])
+
+
+SIMILARITY = register(JudgeEntry(
+    rank=0, kind="similarity", judge="similarity", needs_llm=False, context=False, proxy=True,
+    description="cosine of the bullet and the target turn under a sentence encoder (a CPU proxy)",
+    compute="encoder passes", judge_all=judge_all, executor=lambda cfg: cfg.similarity.executor))

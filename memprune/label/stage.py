@@ -44,7 +44,7 @@ from memprune.label.report import render_markdown, render_plan, render_source_ma
 from memprune.label.summary import judge_summary
 from memprune.rejects import Ledger
 from memprune.schema import PAIRS
-from memprune.work import WorkDir, file_digest
+from memprune.work import file_digest
 
 # pairs.parquet: the PAIRS contract plus the horizon (labels can be recomputed from it alone) and the
 # judge mode of each row (pairwise, listwise, likelihood, similarity; a consensus of several: mixed).
@@ -93,23 +93,6 @@ def _pairs_table(plan: PairPlan, scores: np.ndarray, errors: list[str | None], j
     return table.sort_by([("bullet_id", "ascending"), ("turn_id", "ascending")]).combine_chunks()
 
 
-def _judge_similarity(cfg: LabelConfig, plan: PairPlan, inputs: dict[str, str]) -> dict[str, Any]:
-    """The similarity proxy: scores of every pair plus its bookkeeping."""
-    from memprune.label.judges import work_payload
-    from memprune.label.similarity import SimilarityJudge, judge_similarity
-
-    sim = cfg.similarity
-    judge = SimilarityJudge(sim.model, batch_size=sim.batch_size, max_length=sim.max_length,
-                            mapping=sim.mapping, device=sim.device)
-    # The shards hold embeddings: the cosine -> score mapping is applied afterwards, on every run.
-    work = WorkDir(Path(cfg.out), work_payload(cfg, inputs, {"model": judge.model_name, "max_length": sim.max_length}))
-    stats: dict[str, Any] = {}
-    scores, errors = judge_similarity(cfg, plan, work, judge, stats)
-    n = plan.pairs.num_rows
-    return {"name": judge.name, "scores": scores, "errors": errors, "judge_values": [judge.name] * n,
-            "modes": ["similarity"] * n, "extras": {}, "stats": stats, "work_dirs": [str(work.path)]}
-
-
 def _consensus_modes(judged: Any) -> list[str]:
     """Per pair, the judge mode shared by every instance, else `mixed`."""
     out = []
@@ -124,43 +107,36 @@ def run_judge(cfg: LabelConfig) -> dict[str, Any]:
     started = time.perf_counter()
     out = _out_dir(cfg)
     sessions, bullets, inputs = _inputs(cfg)
-    if cfg.judge != "similarity":
+    entry = cfg.judge_entry()
+    if entry.needs_llm:
         from memprune.label.consensus import judge_specs
 
         for spec in judge_specs(cfg):  # a model that is not there fails here, before Ray starts an engine
             spec.llm.check_model()
-    plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=cfg.judge != "similarity")
+    plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=entry.context)
     out.mkdir(parents=True, exist_ok=True)
-    extra: dict[str, Any] = {}
     by_judge: pa.Table | None = None
-    if cfg.judge == "similarity":
-        j = _judge_similarity(cfg, plan, inputs)
-        pairs = _pairs_table(plan, j["scores"], j["errors"], j["judge_values"], j["modes"], j["extras"])
+    assert entry.judge_all is not None, entry.kind
+    judged = entry.judge_all(cfg, plan, inputs)
+    stats, work_dirs = judged.stats, judged.work_dirs
+    extra: dict[str, Any] = {"judged": judged}
+    if len(judged.names) == 1:
+        judge_name = judged.names[0]
+        pairs = _pairs_table(plan, judged.scores[0], judged.errors[0], judged.judge_values[0], judged.modes[0],
+                             judged.extras[0])
         labels, failed = aggregate(pairs, cfg.decay, cfg.aggregation)
-        judge_name, stats, work_dirs = j["name"], j["stats"], j["work_dirs"]
     else:
-        from memprune.label.consensus import combine_pairs, consensus_agreement, consensus_labels, judge_specs
-        from memprune.label.judges import run_judges
+        from memprune.label.consensus import combine_pairs, consensus_agreement, consensus_labels
 
-        specs = judge_specs(cfg)
-        judged = run_judges(cfg, plan, specs, inputs)
-        stats, work_dirs = judged.stats, judged.work_dirs
-        extra.update(specs=specs, judged=judged)
-        if len(judged.names) == 1:
-            judge_name = judged.names[0]
-            pairs = _pairs_table(plan, judged.scores[0], judged.errors[0], judged.judge_values[0], judged.modes[0],
-                                 judged.extras[0])
-            labels, failed = aggregate(pairs, cfg.decay, cfg.aggregation)
-        else:
-            judge_name = f"consensus:{'|'.join(judged.names)}"
-            c = combine_pairs(judged.scores, judged.errors)
-            pairs = _pairs_table(plan, c["score"], c["error"], [judge_name] * plan.pairs.num_rows,
-                                 _consensus_modes(judged), {"n_judges": pa.array(c["n_judges"], pa.int32()),
-                                                            "spread": pa.array(c["spread"], pa.float64())})
-            ordered = plan.pairs.select(["bullet_id", "horizon"])
-            labels, failed, matrix, _ = consensus_labels(ordered, judged.scores, cfg.decay, cfg.aggregation)
-            extra["agreement"] = consensus_agreement(judged.scores, matrix, judged.names)
-            by_judge = _by_judge(plan, judged)
+        judge_name = f"consensus:{'|'.join(judged.names)}"
+        c = combine_pairs(judged.scores, judged.errors)
+        pairs = _pairs_table(plan, c["score"], c["error"], [judge_name] * plan.pairs.num_rows,
+                             _consensus_modes(judged), {"n_judges": pa.array(c["n_judges"], pa.int32()),
+                                                        "spread": pa.array(c["spread"], pa.float64())})
+        ordered = plan.pairs.select(["bullet_id", "horizon"])
+        labels, failed, matrix, _ = consensus_labels(ordered, judged.scores, cfg.decay, cfg.aggregation)
+        extra["agreement"] = consensus_agreement(judged.scores, matrix, judged.names)
+        by_judge = _by_judge(plan, judged)
 
     unlabelled = sorted(
         [{"bullet_id": b, "reason": r, "n_pairs": 0, "n_errors": 0} for b, r in plan.unpaired] + failed,
@@ -198,7 +174,8 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
     Writes `OUT/plan.json` and `OUT/plan.md`. The token counts use the judge model's tokenizer
     when its directory is local (from the LLM config), else the named fallback (`cost.tokenizer`).
     """
-    from memprune.label.cost import MODES, PromptCounter, plan_mode
+    from memprune.label.cost import PromptCounter, plan_mode
+    from memprune.label.judges import JUDGES, plan_modes
 
     started = time.perf_counter()
     out = _out_dir(cfg)
@@ -209,15 +186,19 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
     llm = llms[0]
     counter = PromptCounter(llm.model if llm else None, cfg.cost.tokenizer, bool(llm and llm.trust_remote_code))
     modes = {}
-    for mode in MODES:
-        instances = len(llms) * (cfg.judge_samples if mode != "likelihood" else 1)
+    for mode in plan_modes():
+        instances = len(llms) * (cfg.judge_samples if JUDGES[mode].samples else 1)
         modes[mode] = plan_mode(mode, plan, counter, llm, cfg.listwise, cfg.cost, instances)
-    pw, lw = modes["pairwise"], modes["listwise"]
+    extra: dict[str, Any] = {}
+    for mode in modes:
+        summarize = JUDGES[mode].plan_summary
+        if summarize is not None:
+            extra.update(summarize(modes))
     summary = {
         "stage": "label-plan",
         "tokenizer": counter.name,
         "model": llm.model if llm else None,
-        "chosen": "likelihood" if cfg.judge == "likelihood" else cfg.judge_mode,
+        "chosen": cfg.judge_entry().kind,
         "pairs": plan.pairs.num_rows,
         "bullets": plan.n_bullets,
         "target_turns": len({t for t in plan.pairs.column("turn_id").to_pylist()}),
@@ -225,8 +206,7 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
         "decode_throughput_tokens_per_s": cfg.cost.decode_throughput or cfg.cost.throughput,
         "block_size": cfg.cost.block_size,
         "modes": modes,
-        "listwise_saving": (pw["prompt_tokens_per_pair"] / lw["prompt_tokens_per_pair"]
-                            if lw["prompt_tokens_per_pair"] else None),
+        **extra,
         "config": json.loads(cfg.model_dump_json()),
         "inputs": {"sessions.parquet": inputs["sessions"], "bullets.parquet": inputs["bullets"]},
         "wall_s": round(time.perf_counter() - started, 3),

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from memprune.label.aggregate import ALL_PAIRS_FAILED
 from memprune.label.config import LabelConfig
+from memprune.label.judges import JUDGES
 from memprune.label.pairs import NO_NEXT_SESSION, NO_SPEAKER, NO_TARGET_TURNS, PairPlan
 from memprune.timing import time_split
 
@@ -44,7 +45,7 @@ def _counts(plan: PairPlan, pairs: pa.Table, labels: pa.Table, unlabelled: list[
     }
 
 
-def _stats(values: np.ndarray) -> dict[str, Any]:
+def value_stats(values: np.ndarray) -> dict[str, Any]:
     return {
         "mean": float(values.mean()) if values.size else None,
         "std": float(values.std()) if values.size else None,
@@ -93,37 +94,6 @@ def cost_section(cfg: LabelConfig, plan: PairPlan, specs: list[Any], counters: d
     }
 
 
-def listwise_section(stats: dict[str, Any], tables: list[pa.Table]) -> dict[str, Any]:
-    """Lists sent and failed, chunks that fell back to pairwise, order agreement and position bias."""
-    from memprune.label.listwise import order_agreement, position_bias
-
-    c = stats.get("counters", {})
-    table = pa.concat_tables(tables) if tables else None
-    return {
-        "lists_planned": stats.get("lists_planned"),
-        "lists_sent": c.get("lists", 0),
-        "lists_failed": c.get("lists_failed", 0),
-        "lists_parsed_strictly": c.get("lists_strict", 0),
-        "chunks_fallback": c.get("chunks_fallback", 0),
-        "pairs_fallback": c.get("pairs_fallback", 0),
-        "order_agreement": order_agreement(table) if table is not None else None,
-        "position_bias": position_bias(table) if table is not None else None,
-    }
-
-
-def likelihood_section(cfg: LabelConfig, stats: dict[str, Any], tables: list[pa.Table]) -> dict[str, Any]:
-    """Baselines scored (one per target turn), the gain distribution (all judges) and the squashing used."""
-    gains = np.concatenate([t.column("gain").to_numpy(zero_copy_only=False).astype(np.float64) for t in tables]) \
-        if tables else np.zeros(0)
-    gains = gains[np.isfinite(gains)]
-    c = stats.get("counters", {})
-    served = c.get("replicas_served", 0) / c["engine_passes"] if c.get("engine_passes") and c.get("replicas_served") \
-        else None
-    return {"baselines": c.get("baselines", 0), "replicas_served_per_pass": served, "mapping": cfg.likelihood.mapping,
-            "scale": cfg.likelihood.scale, "gain_nats_per_token": _stats(gains),
-            "gain_positive_share": float((gains > 0).mean()) if gains.size else None}
-
-
 def judge_summary(cfg: LabelConfig, plan: PairPlan, pairs: pa.Table, labels: pa.Table,
                   unlabelled: list[dict[str, Any]], judge_name: str, inputs: dict[str, str], work_dirs: list[str],
                   stats: dict[str, Any], wall_s: float, extra: dict[str, Any]) -> dict[str, Any]:
@@ -139,20 +109,20 @@ def judge_summary(cfg: LabelConfig, plan: PairPlan, pairs: pa.Table, labels: pa.
     judge_s = stats.get("judge_s") or 0.0
     judged = stats.get("pairs_judged", 0)
     c = stats.get("counters", {})
-    mode = "similarity" if cfg.judge == "similarity" else ("likelihood" if cfg.judge == "likelihood" else cfg.judge_mode)
+    entry = cfg.judge_entry()
     summary: dict[str, Any] = {
         "stage": "label",
         "source": "judge",
         "judge": judge_name,
-        "judge_mode": mode,
-        "proxy": cfg.judge == "similarity",
+        "judge_mode": entry.kind,
+        "proxy": entry.proxy,
         "config": json.loads(cfg.model_dump_json()),
         "inputs": {"sessions.parquet": inputs["sessions"], "bullets.parquet": inputs["bullets"]},
         "counts": counts,
         "reconciles": reconciles,
         "error_rate": (n_err / counts["pairs"]) if counts["pairs"] else 0.0,
         "errors_by_message": dict(Counter(e for e in pairs.column("error").to_pylist() if e is not None).most_common(10)),
-        "labels": {"aggregation": cfg.aggregation, "decay": cfg.decay, **_stats(label_vals),
+        "labels": {"aggregation": cfg.aggregation, "decay": cfg.decay, **value_stats(label_vals),
                    "at_least_0.5": int((label_vals >= 0.5).sum())},
         "throughput": {
             "pairs_judged_this_run": judged,
@@ -162,29 +132,27 @@ def judge_summary(cfg: LabelConfig, plan: PairPlan, pairs: pa.Table, labels: pa.
             "texts_encoded": stats.get("texts"),
             "shards_total": stats.get("shards_total", 0),
             "shards_reused": stats.get("shards_reused", 0),
-            "executor": cfg.similarity.executor if cfg.judge == "similarity" else "ray",
+            "executor": entry.executor(cfg) if entry.executor else "ray",
         },
         # similarity: the encoder passes and the pair scoring; LLM judges: the judging passes, engine start-up
         # included (the engines do not report their busy time); the rest is reading, planning, Ray, writing
         "timing": time_split(wall_s, stats.get("compute_s", judge_s),
-                             compute="encoder passes" if cfg.judge == "similarity"
-                             else "judging passes (engine start-up included)"),
+                             compute=entry.compute),
         "tokens": {"in": c.get("tokens_in"), "out": c.get("tokens_out"), "attempts": c.get("calls")},
         "work_dir": work_dirs[0] if work_dirs else None,
         "work_dirs": work_dirs,
         "outputs": ["pairs.parquet", "labels.parquet", "unlabelled.jsonl", "label.json", "label.md"],
     }
     judged_runs = extra.get("judged")
-    if judged_runs is not None:
-        specs = extra["specs"]
+    if judged_runs is not None and judged_runs.specs:  # model judges: what they cost, what each kind reports
+        specs = judged_runs.specs
         summary["judges"] = judged_runs.names
         summary["cost"] = cost_section(cfg, plan, specs, c, counts["pairs_scored"])
-        if any(s.mode == "listwise" for s in specs):
-            summary["listwise"] = listwise_section(stats, judged_runs.tables)
-        if cfg.judge == "likelihood":
-            summary["likelihood"] = likelihood_section(cfg, stats, judged_runs.tables)
+        for kind, judge in JUDGES.items():
+            if judge.report is not None and any(s.mode == kind for s in specs):
+                summary[kind] = judge.report(cfg, stats, judged_runs.tables)
     if "agreement" in extra:
         summary["agreement"] = extra["agreement"]
-        summary["labels"]["agreement"] = _stats(labels.column("agreement").to_numpy()) if labels.num_rows else None
+        summary["labels"]["agreement"] = value_stats(labels.column("agreement").to_numpy()) if labels.num_rows else None
         summary["outputs"].insert(2, "pairs_by_judge.parquet")
     return summary
