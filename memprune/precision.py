@@ -11,11 +11,21 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
+from pydantic import Field
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]  # a request
+Resolved = Literal["fp32", "bf16", "fp16"]  # what runs on a device
 PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16")
+DEFAULT_PRECISION: Precision = "auto"
 
 
-def resolve_precision(precision: str, device: Any) -> Literal["fp32", "bf16", "fp16"]:
+def precision_field(of: str) -> Any:
+    """The `precision` field of a config (its one default and description); `of`: which passes it sets."""
+    return Field(DEFAULT_PRECISION, description=f"{of}: fp32, bf16 or fp16 autocast over fp32 weights; "
+                 "auto = bf16 on CUDA devices that support it, else fp32")
+
+
+def resolve_precision(precision: str, device: Any) -> Resolved:
     """The concrete precision for `device` (a torch device or its name): `auto` becomes bf16 or fp32."""
     import torch
 

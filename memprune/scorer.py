@@ -46,7 +46,7 @@ from memprune.encoders import (  # noqa: F401  (DEFAULT_ENCODER and the resolver
 )
 from memprune.errors import MemPruneError
 from memprune.io import atomic_path, jsonable, write_json
-from memprune.precision import Precision, autocast, resolve_precision
+from memprune.precision import DEFAULT_PRECISION, Precision, Resolved, autocast, resolve_precision
 
 SCORER_FORMAT = 1
 
@@ -186,15 +186,28 @@ class Scorer(nn.Module):
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.head = head
-        self.precision: Precision = "auto"  # of the encoder's passes: see memprune.precision
+        self._precision: Resolved = "fp32"  # of the encoder's passes, set by `build`/`load`: see memprune.precision
         self.calibration: Calibration | None = None  # raw score -> P(relevant), from calibration.json
         self.source: Path | None = None  # the artifact directory it was loaded from
 
     # ------------------------------------------------------------- construction
 
+    @property
+    def precision(self) -> Resolved:
+        """The precision its encoder passes run at (resolved from the device at `build`/`load`; read-only)."""
+        return self._precision
+
+    def _place(self, device: str | torch.device | None, precision: Precision) -> None:
+        """Move to `device` (if given) and fix the precision of the passes there, once."""
+        if device is not None:
+            self.to(device)
+        self._precision = resolve_precision(precision, self.device)  # a bad value fails here, not at the first batch
+
     @classmethod
-    def build(cls, config: ScorerConfig, seed: int = 0) -> "Scorer":
-        """Load the pretrained encoder and add a head initialised from `seed` (the vanilla scorer)."""
+    def build(cls, config: ScorerConfig, seed: int = 0, *, device: str | torch.device | None = None,
+              precision: Precision = DEFAULT_PRECISION) -> "Scorer":
+        """Load the pretrained encoder and add a head initialised from `seed` (the vanilla scorer), on `device`;
+        `precision` is that of its forward passes (weights stay fp32)."""
         config = config.model_copy(update={"encoder": canonical_encoder(config.encoder)})
         encoder, tokenizer = _load_encoder(config.encoder)
         dim = int(encoder.config.hidden_size)
@@ -203,6 +216,7 @@ class Scorer(nn.Module):
         if config.lora is not None:
             scorer.add_lora(config.lora, seed=seed)
         scorer.eval()
+        scorer._place(device, precision)
         return scorer
 
     def add_lora(self, settings: LoraSettings, seed: int = 0) -> None:
@@ -356,7 +370,7 @@ class Scorer(nn.Module):
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], device: str | torch.device | None = None,
-             precision: Precision = "auto") -> "Scorer":
+             precision: Precision = DEFAULT_PRECISION) -> "Scorer":
         """Load a saved scorer (any stage) from its artifact directory; safetensors and JSON only.
         `precision` is that of its forward passes (weights stay fp32)."""
         path = Path(path)
@@ -382,10 +396,7 @@ class Scorer(nn.Module):
             scorer.load_adapter_state(adapter_weights)
         scorer.eval()
         scorer.calibration, scorer.source = calibration, path
-        if device is not None:
-            scorer.to(device)
-        resolve_precision(precision, scorer.device)  # a bad value fails here, not at the first batch
-        scorer.precision = precision
+        scorer._place(device, precision)
         return scorer
 
 

@@ -183,6 +183,13 @@ def test_prune_json_matches_the_written_store(streamed, scorer_dir, pruner):
     assert "| t0.5_k3 (written) |" in (out / "prune.md").read_text()
 
 
+def test_prune_json_records_the_precision_that_ran(streamed):
+    """`precision: auto` (the default) is the request; on the CPU the actors ran fp32, and prune.json says so."""
+    _, summary = streamed
+    assert summary["config"]["precision"] == "auto"
+    assert summary["resources"]["precision_requested"] == "auto" and summary["resources"]["precision"] == "fp32"
+
+
 def test_batch_job_prunes_on_calibrated_scores_where_available(ray_local, calibrated_dir, scorer_dir, store,
                                                               corpus, tmp_path):
     out = tmp_path / "calibrated"

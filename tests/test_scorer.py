@@ -132,9 +132,9 @@ def test_load_errors_name_the_problem(vanilla: Scorer, tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def fitted(minilm_path: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Scorer, Any]:
+def fitted(minilm_path: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Scorer, Any, Path]:
     """A scorer whose linear head is fitted (ridge, fp32 embeddings) to synthetic usefulness labels, so its
-    scores spread like a trained scorer's; with the bullets it scores."""
+    scores spread like a trained scorer's; with the bullets it scores and its saved artifact."""
     import pyarrow.parquet as pq
 
     from memprune.synth import generate
@@ -143,7 +143,7 @@ def fitted(minilm_path: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     generate(conversations=6, sessions=3, out=out, seed=1)
     bullets = pq.read_table(out / "bullets.parquet").to_pandas()
     scorer = Scorer.build(ScorerConfig(encoder=minilm_path, head={"hidden": 0, "dropout": 0.0}), seed=3)
-    scorer.precision = "fp32"
+    assert scorer.precision == "fp32"  # auto, resolved on the CPU
     emb = scorer.embed(bullets["text"].tolist())
     y = np.clip(0.1 + 0.8 * bullets["recurs"].to_numpy(float), 0.05, 0.95)
     x = np.c_[emb, np.ones(len(emb))]
@@ -151,29 +151,44 @@ def fitted(minilm_path: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     with torch.no_grad():
         scorer.head.net[1].weight.copy_(torch.tensor(w[:-1], dtype=torch.float32)[None])
         scorer.head.net[1].bias.copy_(torch.tensor(w[-1:], dtype=torch.float32))
-    return scorer, bullets
+    return scorer, bullets, scorer.save(out / "scorer")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_16_bit_scores_agree_with_fp32(fitted: tuple[Scorer, Any], precision: str) -> None:
+def test_16_bit_scores_agree_with_fp32(fitted: tuple[Scorer, Any, Path], precision: str) -> None:
     """Stated tolerance: |score - fp32 score| <= 0.03 per bullet, and per session (the unit pruning ranks
     in) Spearman >= 0.95 with fp32, >= 0.99 on average. Runs on the CPU; on CUDA it is the same autocast."""
     from scipy.stats import spearmanr
 
     from memprune.prune import MemoryPruner
 
-    scorer, bullets = fitted
+    scorer, bullets, artifact = fitted
     texts = bullets["text"].tolist()
-    scorer.precision = "fp32"
     exact = scorer.score(texts)
     assert exact.std() > 0.15  # a spread like a trained scorer's, else ranks would be noise
-    half = MemoryPruner(scorer, precision=precision).score(texts)  # the live-session path sets it on the scorer
-    assert scorer.precision == precision and not np.array_equal(half, exact)  # it really ran in 16 bits
+    pruner = MemoryPruner(artifact, precision=precision)  # the live-session path loads it at that precision
+    half = pruner.score(texts)
+    assert pruner.scorer.precision == precision and not np.array_equal(half, exact)  # it really ran in 16 bits
     assert np.abs(half - exact).max() <= 0.03
     rhos = [spearmanr(g["a"], g["b"]).statistic
             for _, g in bullets.assign(a=exact, b=half).groupby(["conversation_id", "session_index"])]
     assert min(rhos) >= 0.95 and np.mean(rhos) >= 0.99, (min(rhos), np.mean(rhos))
-    scorer.precision = "fp32"
+
+
+def test_precision_is_set_at_construction_only(fitted: tuple[Scorer, Any, Path]) -> None:
+    """Precision is a keyword of `Scorer.load`/`Scorer.build`, resolved there from the device, then read-only."""
+    from memprune.prune import MemoryPruner
+    from memprune.prune.config import PruneError
+
+    scorer, _, artifact = fitted
+    assert Scorer.load(artifact).precision == "fp32" and Scorer.load(artifact, precision="bf16").precision == "bf16"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        Scorer.load(artifact, precision="int8")  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        scorer.precision = "bf16"  # type: ignore[misc]
+    with pytest.raises(PruneError, match="set when the scorer is loaded"):
+        MemoryPruner(scorer, precision="bf16")
+    assert MemoryPruner(scorer).scorer.precision == "fp32"
 
 
 def test_precision_resolution() -> None:

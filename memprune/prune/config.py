@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, SerializeAsAny, field_validator, model_s
 
 from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
-from memprune.precision import Precision
+from memprune.precision import Precision, precision_field
 from memprune.prune.policies import Policy, RulePolicy, owner_of, policy_of
 
 GroupBy = Literal["session", "conversation", "speaker"]
@@ -134,9 +134,7 @@ class ScoringRuntime(ConfigModel):
     actor_cpus: float = Field(1.0, gt=0, description="torch threads per actor (rounded) and its default CPU request")
     use_gpu: bool | Literal["auto"] = "auto"
     io_cpus: float = Field(0.1, gt=0, description="Ray CPU request of each read/write/decide task")
-    precision: Precision = Field(
-        "auto", description="of the scorer's forward passes: fp32, bf16 or fp16 autocast over fp32 weights; "
-        "auto = bf16 on CUDA devices that support it, else fp32")
+    precision: Precision = precision_field("of the scorer's forward passes")
     ray_address: str | None = None
     progress: bool = True
 

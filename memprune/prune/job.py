@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from memprune.encoders import EncoderActor
 from memprune.errors import MemPruneError
+from memprune.precision import Precision
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
 from memprune.prune.policy import Decision, unify_equal_texts
 from memprune.prune.rule import group_codes
@@ -112,6 +113,11 @@ class _Tally:
         self.blocks = 0
         self.times: dict[str, float] = {}
         self.spans: list[tuple[float, float]] = []
+        self.precisions: set[str] = set()
+
+    def add_precision(self, precision: str) -> None:
+        """The precision an actor's scorer runs at (resolved on its device)."""
+        self.precisions.add(precision)
 
     def add_time(self, times: dict[str, float], span: tuple[float, float] | None = None) -> None:
         """Add seconds per kind of work, and the wall-clock interval of a block's compute."""
@@ -129,7 +135,8 @@ class _Tally:
     def result(self) -> dict[str, Any]:
         hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, dtype=np.int64)
         return {**self.stats, "split_groups": int(len(hashes) - len(np.unique(hashes))), "blocks": self.blocks,
-                "times": self.times, "compute_s": busy_seconds(self.spans)}
+                "times": self.times, "compute_s": busy_seconds(self.spans),
+                "precision": ",".join(sorted(self.precisions))}
 
 
 
@@ -140,7 +147,7 @@ class ScoreSettings:
     scorer_path: str
     batch_size: int
     sort_by_length: bool
-    precision: str
+    precision: Precision
     tokenizer: str
     keys: list[str]
     settings: list[PruneRule]
@@ -161,8 +168,9 @@ class ScoreActor(EncoderActor):
 
         t0 = time.perf_counter()
         self.s = settings
-        self.scorer = Scorer.load(settings.scorer_path, device=device, precision=settings.precision)  # type: ignore[arg-type]
+        self.scorer = Scorer.load(settings.scorer_path, device=device, precision=settings.precision)
         self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
+        ray.get(settings.tally.add_precision.remote(self.scorer.precision))
         ray.get(settings.tally.add_time.remote({"actor_load_s": time.perf_counter() - t0, "actors_started": 1}))
 
     def __call__(self, block: pa.Table) -> pa.Table:

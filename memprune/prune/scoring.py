@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.calibration import CalibrationError, ScoreMode, resolve_score_mode
-from memprune.precision import Precision, resolve_precision
+from memprune.precision import DEFAULT_PRECISION, Precision
 from memprune.prune.config import PruneError, PruneRule
 from memprune.prune.policy import Decision, decide_policy
 from memprune.prune.rule import group_codes
@@ -147,7 +147,9 @@ class MemoryPruner:
     each other bullet goes. `scorer` is a loaded `Scorer` or an artifact directory; the rule is a
     `PruneRule` or its fields as keywords (unset fields take the rule's defaults). `tokenizer` is the
     token unit of the budget (as `memprune prune`'s). `precision` is that of the forward passes
-    (`auto`: bf16 on a CUDA device that supports it, else fp32). `score` is the batch job's setting:
+    (`auto`: bf16 on a CUDA device that supports it, else fp32), given with an artifact directory: a loaded
+    `Scorer` keeps the precision it was loaded with (`Scorer.load(path, precision=...)`).
+    `score` is the batch job's setting:
     `auto` (calibrated where the artifact has a calibration.json, else raw; `score_note` says so),
     `raw`, or `calibrated` (an error without a calibration); `calibrated` tells which was used.
     """
@@ -163,13 +165,13 @@ class MemoryPruner:
             raise PruneError(f"give a PruneRule or its fields, not both (got {sorted(rule_fields)})")
         self.rule = rule if rule is not None else PruneRule.of(**rule_fields)
         if isinstance(scorer, (str, os.PathLike)):
-            scorer = Scorer.load(scorer, device=device, precision=precision or "auto")
+            scorer = Scorer.load(scorer, device=device, precision=precision or DEFAULT_PRECISION)
         else:
+            if precision is not None:
+                raise PruneError(f"precision={precision!r} is set when the scorer is loaded: pass the artifact "
+                                 "directory, or Scorer.load(path, precision=...)")
             if device is not None:
                 scorer = scorer.to(device)
-            if precision is not None:  # else the loaded scorer's own
-                resolve_precision(precision, scorer.device)
-                scorer.precision = precision
         self.scorer = scorer
         where = str(getattr(scorer, "source", None) or "the scorer")
         try:

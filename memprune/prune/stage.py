@@ -200,7 +200,10 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                    "max": stats["score_max"]},
         "resources": None if res is None else {"actors": res.actors, "device": res.device, "threads_per_actor": res.threads,
                                                 "actor_cpu_request": res.cpus, "batch_size": config.batch_size,
-                                                "block_rows": block_rows, "precision": config.precision},
+                                                "block_rows": block_rows,
+                                                # what the actors ran at, resolved on their device; and the request
+                                                "precision": stats.get("precision") or None,
+                                                "precision_requested": config.precision},
         # compute: scoring, token counting and the rule in the actors (parallel actors counted once); the rest
         # is Ray and actor start-up, planning, reading and writing
         "timing": time_split(

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
-from memprune.precision import Precision
+from memprune.precision import Precision, precision_field
 from memprune.scorer import (
     DEFAULT_ENCODER,
     HeadSettings,
@@ -141,9 +141,7 @@ class TrainSettings(ConfigModel):
     embed: EmbedSettings = Field(default_factory=EmbedSettings)
     predict_batch_size: int = Field(64, ge=1)
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
-    precision: Precision = Field(
-        "auto", description="of the encoder passes (embedding, stage-2 training, prediction): fp32, bf16 or fp16 "
-        "autocast over fp32 weights; auto = bf16 on CUDA devices that support it, else fp32")
+    precision: Precision = precision_field("of the encoder passes (embedding, stage-2 training, prediction)")
     fault: FaultInjection | None = None
 
     @field_validator("label_weights")

@@ -44,15 +44,15 @@ class EmbedActor(EncoderActor):
     def setup(self, settings: EmbedJob, device: str) -> None:
         from memprune.scorer import Scorer
 
-        self.scorer = Scorer.build(settings.scorer, seed=0).to(device)
-        self.scorer.precision = settings.precision
+        self.scorer = Scorer.build(settings.scorer, seed=0, device=device, precision=settings.precision)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         started = now()
         texts = [str(t) for t in batch["text"]]
         emb = self.scorer.embed(texts, batch_size=max(1, len(texts)))
         span = np.array([[started, now()]] * len(texts))  # the batch's compute interval, on each of its rows
-        return {"bullet_id": batch["bullet_id"], "embedding": emb, "span": span}
+        return {"bullet_id": batch["bullet_id"], "embedding": emb, "span": span,
+                "precision": np.array([self.scorer.precision] * len(texts))}  # what ran on this actor's device
 
 
 def embedding_column(emb: np.ndarray) -> pa.FixedSizeListArray:
@@ -69,12 +69,13 @@ def embeddings_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def compute_embeddings(
-    table: pa.Table, scorer_config: ScorerConfig, settings: EmbedSettings, cache_dir: Path, precision: Precision = "auto"
+    table: pa.Table, scorer_config: ScorerConfig, settings: EmbedSettings, cache_dir: Path, precision: Precision
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Frozen-encoder embeddings of `table` rows (bullet_id, text), in row order, cached on disk.
 
     The cache key covers the encoder, pooling settings and every (bullet_id, text): a rerun
-    with the same inputs reads the cache instead of running the encoder again.
+    with the same inputs reads the cache instead of running the encoder again. The info records the
+    requested precision and the one the actors ran at (kept in the cache file's metadata for a rerun).
     """
     import ray
 
@@ -89,10 +90,12 @@ def compute_embeddings(
                   **({} if precision == "fp32" or res.device == "cpu" and precision == "auto" else
                      {"precision": precision, "device": res.device})})[:20]
     cache = cache_dir / f"embeddings-{key}.parquet"
-    info: dict[str, Any] = {"cache": str(cache), "rows": table.num_rows}
+    info: dict[str, Any] = {"cache": str(cache), "rows": table.num_rows, "precision": {"requested": precision}}
     if cache.exists():
         cached = pq.read_table(cache)
         if cached.column("bullet_id").to_pylist() == table.column("bullet_id").to_pylist():
+            ran = (cached.schema.metadata or {}).get(b"precision")
+            info["precision"]["resolved"] = ran.decode() if ran is not None else None  # None: cached before it was kept
             info.update(reused=True, seconds=0.0, compute_s=0.0)
             return embeddings_to_numpy(cached.column("embedding")), info
     started = time.perf_counter()
@@ -105,7 +108,9 @@ def compute_embeddings(
     ids: list[str] = []
     parts: list[np.ndarray] = []
     spans: set[tuple[float, float]] = set()
+    ran: set[str] = set()
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        ran.update(str(p) for p in batch["precision"])
         ids.extend(str(b) for b in batch["bullet_id"])
         emb = batch["embedding"]
         parts.append(np.stack(emb) if emb.dtype == object else np.asarray(emb))
@@ -116,5 +121,7 @@ def compute_embeddings(
     info.update(reused=False, seconds=round(time.perf_counter() - started, 3),
                 compute_s=round(busy_seconds(spans), 3), actors=min(res.actors, len(blocks)),
                 gpu=res.device == "cuda")
-    write_table(pa.table({"bullet_id": table.column("bullet_id"), "embedding": embedding_column(emb)}), cache)
+    info["precision"]["resolved"] = ",".join(sorted(ran))  # one value unless the actors' devices differ
+    out = pa.table({"bullet_id": table.column("bullet_id"), "embedding": embedding_column(emb)})
+    write_table(out.replace_schema_metadata({"precision": info["precision"]["resolved"]}), cache)
     return emb, info

@@ -48,7 +48,7 @@ class LoopConfig(ConfigModel):
     init_dirs: dict[str, str] = {}  # seed -> the artifact this stage starts from (stage 2: the seed's stage 1)
     embedding_dim: int | None = None
     threads: int = 1
-    precision: Precision = "fp32"  # of the encoder's passes (stage 2); the weights stay fp32
+    precision: Precision  # of the encoder's passes (stage 2); the weights stay fp32
     local_mode: bool = False  # num_workers == 0: in-process, checkpoints kept under local_checkpoint_dir
     local_checkpoint_dir: str
     fault: FaultInjection | None = None
@@ -177,8 +177,8 @@ def _setup_seed(lc: LoopConfig, seed: int, resumed: Path | None, device: Any, ra
     assert spec.model is not None, f"{lc.stage} is not a trained stage"
     torch.manual_seed(seed)
     scorer = lc.scorer.model_copy(update={"seed": seed})
-    model = spec.model(scorer, seed, lc.embedding_dim, lc.init_dirs.get(str(seed)), lc.precision)
-    model.module.to(device)  # before the optimizer and its restored state
+    model = spec.model(scorer, seed, lc.embedding_dim, lc.init_dirs.get(str(seed)), lc.precision, device)
+    # on `device` before the optimizer and its restored state
     if not lc.train_head and hasattr(model.module, "head"):
         model.module.head.requires_grad_(False)
     params = [p for p in model.module.parameters() if p.requires_grad]
@@ -296,7 +296,7 @@ def _end_epoch(w: Worker, epoch: int, tr: dict[str, float], va: dict[str, float]
         w.state.bad_epochs += 1
     metrics = {"epoch": epoch, "train_loss": tr["loss"], "train_mse": tr["mse"], "val_loss": va["loss"],
                "val_mse": va["mse"], "val_rank": va["rank"], "val_session_spearman": va["session_spearman"], "epoch_s": round(now() - started, 4),
-               "span": [started, now()], "steps": steps}
+               "span": [started, now()], "steps": steps, "precision": w.model.precision}
     w.state.history.append(metrics)
     return {**metrics, "best_epoch": w.state.best_epoch, "best_val_loss": w.state.best_val_loss}
 

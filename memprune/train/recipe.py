@@ -160,7 +160,7 @@ def _train_split_into(cfg: TrainConfig, assignment: dict[str, str] | None, cache
         "embeddings": embed_info,
         "runs": [
             {k: r.get(k) for k in ("stage", "seed", "best_epoch", "best_val_loss", "epochs_run", "val_mse",
-                                   "val_spearman", "wall_s", "reused", "calibration")}
+                                   "val_spearman", "wall_s", "reused", "calibration", "precision")}
             | {k: (r.get("timing") or {}).get(k) for k in ("setup_s", "epochs_s", "predict_s")}
             | {"dir": str(artifact_dir(cfg.out, r["stage"], r["seed"]))}
             for r in runs

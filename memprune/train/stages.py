@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from memprune.precision import Precision
+from memprune.precision import Precision, Resolved
 from memprune.scorer import ScorerConfig
 from memprune.train.config import OptimConfig, TrainError, TrainSettings
 from memprune.work import digest
@@ -26,12 +26,13 @@ class HeadModel:
     """Stage 1: the regression head alone, on the frozen encoder's cached embeddings (always fp32: it is tiny)."""
 
     def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None,
-                 precision: Precision = "fp32") -> None:
+                 precision: Precision, device: Any) -> None:
         from memprune.scorer import build_head
 
         if embedding_dim is None:
             raise TrainError("stage1 needs embedding_dim")
-        self.module = build_head(embedding_dim, scorer.head, seed)
+        self.module = build_head(embedding_dim, scorer.head, seed).to(device)
+        self.precision: Resolved = "fp32"  # what its passes run at
 
     def trainable_state(self) -> dict[str, Any]:
         """Head weights as `head.*` (CPU copies)."""
@@ -51,7 +52,7 @@ class LoraModel:
     """Stage 2: the encoder with fresh LoRA adapters and the stage-1 head of the same seed, trained together."""
 
     def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None,
-                 precision: Precision = "fp32") -> None:
+                 precision: Precision, device: Any) -> None:
         from safetensors.torch import load_file
 
         from memprune.scorer import Scorer
@@ -60,12 +61,14 @@ class LoraModel:
             raise TrainError("stage2 needs the stage-1 artifact of the same seed (init_dir)")
         if scorer.lora is None:
             raise TrainError("stage2 needs LoRA settings")
-        model = Scorer.build(scorer.model_copy(update={"lora": None}), seed=seed)
+        # autocast of the encoder's forward and backward passes at `precision`, resolved on `device`
+        model = Scorer.build(scorer.model_copy(update={"lora": None}), seed=seed, device=device, precision=precision)
         model.head.load_state_dict(load_file(str(Path(init_dir) / "head.safetensors")))
         model.add_lora(scorer.lora, seed=seed)
+        model.to(device)  # the new adapters too
         model.freeze_encoder()
-        model.precision = precision  # autocast of the encoder's forward and backward passes
         self.module = model
+        self.precision: Resolved = model.precision
 
     def trainable_state(self) -> dict[str, Any]:
         """Head weights as `head.*`, LoRA adapter weights as `adapter.*` (CPU copies)."""
@@ -149,6 +152,10 @@ class StageSpec:
 
     def threads(self, cfg: TrainSettings) -> int:
         return max(1, int(cfg.ray.cpus_per_worker)) if self.threads_from_workers else 1
+
+    def precision(self, cfg: TrainSettings) -> Precision:
+        """What its training passes are asked to run at: the encoder's (text stages) gain from 16 bits, a head not."""
+        return cfg.precision if self.column == "text" else "fp32"
 
     def columns(self) -> list[str]:
         """The columns of the train loop's datasets."""

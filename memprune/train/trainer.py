@@ -153,7 +153,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
     loop = LoopConfig(
         stage=spec.name, seeds=seeds, scorer=cfg.scorer_config(spec.name, seeds[0]), optim=spec.optim(cfg),
         loss=cfg.loss, init_dirs=init_dirs, embedding_dim=inputs.embedding_dim, threads=spec.threads(cfg),
-        precision=cfg.precision if spec.column == "text" else "fp32",  # only the encoder's passes gain from 16 bits
+        precision=spec.precision(cfg),
         local_mode=local_mode, local_checkpoint_dir=str(cfg.out / "ray" / name / "local"), fault=cfg.fault,
         train_head=bool(getattr(spec.optim(cfg), "train_head", True)),
     )
@@ -282,5 +282,7 @@ def _summary(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seed: int, fp: s
         "optim": optim.model_dump(mode="json") if optim is not None else None,
         "loss": cfg.loss.model_dump(mode="json") if optim is not None else None,
         "reused": False,
+        # what the training passes were asked for and what ran on the workers' device (None: not trained)
+        "precision": {"requested": spec.precision(cfg), "resolved": history[-1].get("precision") if history else None},
         **(extra or {}),
     }
