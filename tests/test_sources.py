@@ -509,3 +509,14 @@ def test_cli_train_mixing_and_folds_options_are_validated(locomo: Path, tmp_path
                       {"data": str(locomo), "labels": [str(tmp_path / "a"), str(tmp_path / "b")], "out": "o"})
     assert cfg.folds == 4 and cfg.weight_of("usage") == 3.0 and cfg.weight_of("judge") == 1.0 and len(cfg.labels) == 2
     assert load_config(None, [], TrainConfig, {"data": "d", "labels": "one", "out": "o"}).labels[0].name == "one"
+
+
+def test_every_label_source_is_one_registry_entry():
+    import typing
+
+    from memprune.label.config import LabelSettings
+    from memprune.label.sources import SOURCES
+
+    assert set(typing.get_args(LabelSettings.model_fields["source"].annotation)) == set(SOURCES)
+    for name, source in SOURCES.items():
+        assert source.name == name and (source.run is None) == source.judged

@@ -13,13 +13,10 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from memprune.config import ConfigModel
-from memprune.errors import MemPruneError
+from memprune.label.errors import LabelError  # noqa: F401  (re-exported: memprune.label.config.LabelError)
 from memprune.label.judges import JUDGES, JudgeEntry, judge_of
 from memprune.label.pairs import PairOptions
-
-
-class LabelError(MemPruneError):
-    """The labeling stage cannot run with these inputs or settings (the message says why)."""
+from memprune.label.sources.common import SOURCES
 
 
 class SimilarityOptions(ConfigModel):
@@ -118,14 +115,11 @@ class LabelSettings(ConfigModel):
 
     @model_validator(mode="after")
     def _judge_settings(self) -> "LabelConfig":
-        if self.source == "usage" and self.usage.log is None:
-            raise ValueError("source=usage needs the usage log: set `usage.log` (CLI: --usage-log)")
         entry = judge_of(self.judge, self.judge_mode)
         model_judge = entry.needs_llm
-        if self.source == "judge" and model_judge and self.llm is None and self.llm_config is None \
-                and not self.judge_set and not self.plan:
-            raise ValueError(f"judge={self.judge} needs an LLM config: set `llm_config` (a YAML file), an inline "
-                             "`llm` section or `judge_set`")
+        check = SOURCES[self.source].check
+        if check is not None:
+            check(self)
         if entry.by_target and self.order != "target":
             raise ValueError(f"the {entry.kind} judge groups pairs by target turn: set order=target")
         if self.judge_set and self.judge_samples > 1:

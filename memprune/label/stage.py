@@ -17,7 +17,7 @@ into `OUT`:
   judge agreement.
 
 `--plan` (`run_plan`) only counts what each judge mode would cost (`plan.json`, `plan.md`).
-Other label sources (`source: qa | usage`, `memprune.label.sources`) skip the judge.
+Other label sources (`source: qa | usage`, the `SOURCES` of `memprune.label.sources`) skip the judge.
 
 Resumable: the work is cut into deterministic shards, each written atomically under
 `OUT/.work/<fingerprint>/` (the fingerprint hashes the inputs and every option that changes
@@ -35,14 +35,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_jsonl, write_summary, write_table
-from memprune.label import sources
+from memprune.io import OutputSet, check_out, read_table, write_jsonl, write_summary, write_table
 from memprune.label.aggregate import aggregate
 from memprune.label.config import LabelConfig, LabelError
 from memprune.label.pairs import PairPlan, build_pairs
 from memprune.label.report import render_markdown, render_plan, render_source_markdown
+from memprune.label.sources import SOURCES
 from memprune.label.summary import judge_summary
-from memprune.rejects import Ledger
 from memprune.schema import PAIRS
 from memprune.work import file_digest
 
@@ -217,7 +216,7 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
 
 
 def run_source(cfg: LabelConfig) -> dict[str, Any]:
-    """Labels from the `qa` or `usage` source (no judge); write labels.parquet, unlabelled.jsonl, label.json/md.
+    """Labels from a source's `run` (`qa`, `usage`; no judge); write labels.parquet, unlabelled.jsonl, label.json/md.
 
     One pass over the inputs, cheap next to judging: a rerun recomputes everything and
     writes the same tables (every output is written atomically). Usage events that cannot
@@ -234,42 +233,10 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
 
 def _run_source(cfg: LabelConfig, data: Path, bullets: pa.Table, inputs: dict[str, str], outputs: OutputSet,
                 started: float) -> dict[str, Any]:
-    ledger_summary: dict[str, Any] | None = None
-    if cfg.source == "qa":
-        qa_path, sessions_path = data / "qa.parquet", data / "sessions.parquet"
-        if not qa_path.is_file():
-            raise LabelError(f"{qa_path}: no such file; source qa needs a corpus with a qa table "
-                             "(e.g. `memprune ingest --format locomo`)")
-        qa = read_table(qa_path, "qa")
-        sessions = read_table(sessions_path, "sessions") if sessions_path.is_file() else None
-        inputs["qa.parquet"] = file_digest(qa_path)
-        if sessions is not None:
-            inputs["sessions.parquet"] = file_digest(sessions_path)
-        q = cfg.qa
-        try:
-            options = sources.QAOptions(grading=q.grading, grade_cap=q.grade_cap, later_only=q.later_only,
-                                        categories=tuple(q.categories) if q.categories is not None else None)
-        except ValueError as exc:
-            raise LabelError(str(exc)) from exc
-        result = sources.qa_labels(bullets, qa, sessions, options)
-        rule = options.rule()
-    else:
-        u = cfg.usage
-        assert u.log is not None  # checked by the config
-        try:
-            options_u = sources.UsageOptions(aggregation=u.aggregation, missing=u.missing, since=u.since, until=u.until)
-        except ValueError as exc:
-            raise LabelError(str(exc)) from exc
-        bullet_conv = dict(zip(bullets.column("bullet_id").to_pylist(), bullets.column("conversation_id").to_pylist()))
-        with JsonlSink(outputs.path("rejects.jsonl")) as sink:
-            ledger = Ledger(sink)
-            files = sources.usage_files(u.log)
-            totals, log_counts = sources.read_usage_log(u.log, bullet_conv, ledger, options_u)
-        for f in files:
-            inputs[f"usage:{f}"] = file_digest(f)
-        result = sources.usage_labels(bullets, totals, options_u, log_counts)
-        ledger_summary = ledger.summary()
-        rule = options_u.rule()
+    source = SOURCES[cfg.source]
+    assert source.run is not None, cfg.source
+    ran = source.run(cfg, data, bullets, inputs, outputs)
+    result, rule, ledger_summary = ran.result, ran.rule, ran.ledger
 
     write_table(result.labels, outputs.path("labels.parquet"), "labels")
     write_jsonl(outputs.path("unlabelled.jsonl"), result.unlabelled)
@@ -314,4 +281,4 @@ def run(cfg: LabelConfig) -> dict[str, Any]:
     """Run the labeling stage described by `cfg` (judge, qa or usage source; or only `--plan` it); return its summary."""
     if cfg.plan:
         return run_plan(cfg)
-    return run_judge(cfg) if cfg.source == "judge" else run_source(cfg)
+    return run_judge(cfg) if SOURCES[cfg.source].judged else run_source(cfg)

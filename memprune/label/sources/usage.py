@@ -1,22 +1,9 @@
-"""Label sources beyond the judge: QA evidence and usage logs (pure; no Ray, no models).
+"""source=usage: labels from a usage log (pure; no Ray, no models).
 
-The scorer can only be as good as its labels. Besides the judges of `memprune.label`
-(source `judge`), two sources derive a bullet's label from what was *really* needed later:
-
-- `qa`: a corpus annotated with question evidence (LoCoMo's `qa` table). A QA item *cites*
-  a bullet when one of its evidence turns is among the bullet's evidence turns. The label
-  is 1 when at least one question cites the bullet, else 0 (`grading: binary`), or
-  min(1, n_citing / grade_cap) (`grading: graded`). With `later_only`, a citing question
-  counts only when its evidence also names a turn of a session *after* the bullet's
-  session (the fact was still needed later); bullets of a conversation's last session
-  then get no label (`no_later_session`).
-- `usage`: a usage log as a live chatbot records it: one event per (reply, memory item in
-  its context) with `bullet_id`, `used` (bool) or `weight` (float in [0, 1]) and an optional
-  `time`. A bullet's label is the max (default) or the mean of its event values. Events
-  naming an unknown bullet, or with unusable values, go to the rejects with the reason.
-
-Both return a `SourceResult`: the `labels` table (with `source` set on every row), the
-bullets left without a label and why, and counts that reconcile.
+A usage log as a live chatbot records it: one event per (reply, memory item in its context) with
+`bullet_id`, `used` (bool) or `weight` (float in [0, 1]) and an optional `time`. A bullet's label is
+the max (default) or the mean of its event values. Events naming an unknown bullet, or with unusable
+values, go to the rejects with the reason.
 """
 
 from __future__ import annotations
@@ -24,58 +11,36 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import re
-from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memprune.label.config import LabelError
+from memprune.io import JsonlSink
+from memprune.label.errors import LabelError
+from memprune.label.sources.common import (
+    LabelSource,
+    SourceError,
+    SourceResult,
+    SourceRun,
+    label_counts,
+    labels_table,
+    register,
+)
 from memprune.rejects import Ledger
-from memprune.schema import LABELS
+from memprune.work import file_digest
 
-SOURCES: tuple[str, ...] = ("judge", "qa", "usage")
-
-# Reasons a bullet gets no label from a source (listed in unlabelled.jsonl).
-NO_QA_FOR_CONVERSATION = "no_qa_for_conversation"
-NO_LATER_SESSION = "no_later_session"
+# Reasons a bullet gets no label from this source (listed in unlabelled.jsonl).
 NO_USAGE_EVENTS = "no_usage_events"
 NO_USAGE_FOR_CONVERSATION = "no_usage_for_conversation"
-QA_UNLABELLED_REASONS: tuple[str, ...] = (NO_QA_FOR_CONVERSATION, NO_LATER_SESSION)
 USAGE_UNLABELLED_REASONS: tuple[str, ...] = (NO_USAGE_EVENTS, NO_USAGE_FOR_CONVERSATION)
 
 USAGE_EXTENSIONS: dict[str, str] = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
                                     ".json": "jsonl"}
-_TURN_SESSION = re.compile(r":s(\d+):t\d+$")
-
-
-class SourceError(LabelError):
-    """A label source cannot be read at all (missing file, missing column); the message names file and field."""
-
-
-@dataclass(frozen=True)
-class QAOptions:
-    """How QA evidence becomes labels: binary or graded by the number of citing questions."""
-
-    grading: Literal["binary", "graded"] = "binary"
-    grade_cap: int = 3
-    later_only: bool = False
-    categories: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if self.grading not in ("binary", "graded"):
-            raise ValueError(f"qa grading must be binary or graded, got {self.grading!r}")
-        if self.grade_cap < 1:
-            raise ValueError(f"qa grade_cap must be >= 1, got {self.grade_cap}")
-
-    def rule(self) -> str:
-        """The `aggregation` string of the labels rows, e.g. 'qa:binary' or 'qa:graded/3:later'."""
-        base = "qa:binary" if self.grading == "binary" else f"qa:graded/{self.grade_cap}"
-        return base + (":later" if self.later_only else "")
 
 
 @dataclass(frozen=True)
@@ -98,145 +63,6 @@ class UsageOptions:
     def rule(self) -> str:
         """The `aggregation` string of the labels rows, e.g. 'usage:max'."""
         return f"usage:{self.aggregation}"
-
-
-@dataclass
-class SourceResult:
-    """What a source produced: the labels table, the unlabelled bullets with reasons, and counts."""
-
-    labels: pa.Table
-    unlabelled: list[dict[str, Any]]
-    counts: dict[str, Any]
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-def _label_counts(n_bullets: int, labels: pa.Table, unlabelled: list[dict[str, Any]],
-                  reasons: Sequence[str]) -> dict[str, Any]:
-    """The counts every labels source reports: bullets, labelled, unlabelled and unlabelled by reason."""
-    by_reason = Counter(u["reason"] for u in unlabelled)
-    return {
-        "bullets": n_bullets,
-        "bullets_labelled": labels.num_rows,
-        "bullets_unlabelled": len(unlabelled),
-        **{f"unlabelled_{r}": by_reason.get(r, 0) for r in reasons},
-    }
-
-
-def labels_table(rows: list[dict[str, Any]], source: str) -> pa.Table:
-    """A `labels` table (sorted by bullet_id) from dicts with bullet_id, label, n_pairs, aggregation."""
-    if source not in SOURCES:
-        raise ValueError(f"unknown label source {source!r}; known: {', '.join(SOURCES)}")
-    rows = sorted(({**r, "source": source} for r in rows), key=lambda r: r["bullet_id"])
-    return pa.Table.from_pylist(rows, schema=LABELS)
-
-
-# ------------------------------------------------------------------ QA evidence
-
-
-def turn_sessions(sessions: pa.Table | None) -> dict[str, int]:
-    """turn_id -> session_index, from a sessions table (empty when none is given)."""
-    out: dict[str, int] = {}
-    if sessions is None:
-        return out
-    for idx, turns in zip(sessions.column("session_index").to_pylist(), sessions.column("turns").to_pylist()):
-        for t in turns:
-            out[t["turn_id"]] = int(idx)
-    return out
-
-
-def _session_of(turn: str, table: dict[str, int]) -> int | None:
-    """The session of a turn: from the sessions table, else the ':s<N>:t<i>' suffix of its id."""
-    if turn in table:
-        return table[turn]
-    if table:
-        return None
-    m = _TURN_SESSION.search(turn)
-    return int(m.group(1)) if m else None
-
-
-def qa_labels(bullets: pa.Table, qa: pa.Table, sessions: pa.Table | None = None,
-              options: QAOptions | None = None) -> SourceResult:
-    """Labels from QA evidence: a bullet is positive when questions cite one of its evidence turns.
-
-    `bullets` and `qa` are the corpus tables; `sessions` (optional) gives each turn's session
-    and each conversation's last session (used by `later_only`), else the turn-id suffix
-    and the bullets' own sessions are used. A conversation without any usable QA item
-    (after the `categories` filter, with evidence) gives no labels: its bullets are listed
-    as `no_qa_for_conversation`, never labelled 0 by default.
-    """
-    opt = options or QAOptions()
-    t_session = turn_sessions(sessions)
-    cats = set(opt.categories) if opt.categories is not None else None
-
-    by_conv: dict[str, list[frozenset[str]]] = defaultdict(list)
-    counts: Counter[str] = Counter()
-    for cid, ev, cat in zip(qa.column("conversation_id").to_pylist(), qa.column("evidence").to_pylist(),
-                            qa.column("category").to_pylist()):
-        counts["qa"] += 1
-        if cats is not None and cat not in cats:
-            counts["qa_other_category"] += 1
-            continue
-        if not ev:
-            counts["qa_without_evidence"] += 1
-            continue
-        counts["qa_used"] += 1
-        by_conv[cid].append(frozenset(ev))
-        if t_session:
-            counts["qa_evidence_turns_unknown"] += sum(1 for t in ev if t not in t_session)
-
-    last_session: dict[str, int] = {}
-    if sessions is not None:
-        for cid, idx in zip(sessions.column("conversation_id").to_pylist(), sessions.column("session_index").to_pylist()):
-            last_session[cid] = max(last_session.get(cid, idx), idx)
-    for cid, idx in zip(bullets.column("conversation_id").to_pylist(), bullets.column("session_index").to_pylist()):
-        last_session[cid] = max(last_session.get(cid, idx), idx)
-
-    # turn -> indices of the conversation's QA items that cite it
-    index: dict[str, dict[str, list[int]]] = {}
-    for cid, items in by_conv.items():
-        idx_map: dict[str, list[int]] = defaultdict(list)
-        for i, ev in enumerate(items):
-            for t in ev:
-                idx_map[t].append(i)
-        index[cid] = idx_map
-
-    rows: list[dict[str, Any]] = []
-    unlabelled: list[dict[str, Any]] = []
-    bullet_convs = set()
-    for bid, cid, sidx, ev in zip(bullets.column("bullet_id").to_pylist(), bullets.column("conversation_id").to_pylist(),
-                                  bullets.column("session_index").to_pylist(), bullets.column("evidence").to_pylist()):
-        bullet_convs.add(cid)
-        if cid not in index:
-            unlabelled.append({"bullet_id": bid, "reason": NO_QA_FOR_CONVERSATION, "n_pairs": 0, "n_errors": 0})
-            continue
-        if opt.later_only and sidx >= last_session[cid]:
-            unlabelled.append({"bullet_id": bid, "reason": NO_LATER_SESSION, "n_pairs": 0, "n_errors": 0})
-            continue
-        citing = sorted({i for t in ev for i in index[cid].get(t, ())})
-        if opt.later_only:
-            items = by_conv[cid]
-            citing = [i for i in citing
-                      if any((s := _session_of(t, t_session)) is not None and s > sidx for t in items[i])]
-        n = len(citing)
-        label = (1.0 if n else 0.0) if opt.grading == "binary" else min(1.0, n / opt.grade_cap)
-        rows.append({"bullet_id": bid, "label": label, "n_pairs": n, "aggregation": opt.rule()})
-
-    labels = labels_table(rows, "qa")
-    out_counts: dict[str, Any] = {
-        **_label_counts(bullets.num_rows, labels, unlabelled, QA_UNLABELLED_REASONS),
-        "bullets_cited": sum(1 for r in rows if r["n_pairs"] > 0),
-        "qa": counts["qa"],
-        "qa_used": counts["qa_used"],
-        "qa_without_evidence": counts["qa_without_evidence"],
-        "qa_other_category": counts["qa_other_category"],
-        "qa_evidence_turns_unknown": counts["qa_evidence_turns_unknown"],
-        "qa_conversations_without_bullets": len(set(by_conv) - bullet_convs),
-        "conversations_with_qa": len(set(by_conv) & bullet_convs),
-    }
-    return SourceResult(labels, sorted(unlabelled, key=lambda u: u["bullet_id"]), out_counts)
-
-
-# ------------------------------------------------------------------ usage logs
 
 
 def _utc(value: dt.datetime) -> dt.datetime:
@@ -470,9 +296,38 @@ def usage_labels(bullets: pa.Table, totals: dict[str, UsageTotals], options: Usa
             unlabelled.append({"bullet_id": bid, "reason": reason, "n_pairs": 0, "n_errors": 0})
     labels = labels_table(rows, "usage")
     counts: dict[str, Any] = {
-        **_label_counts(bullets.num_rows, labels, unlabelled, USAGE_UNLABELLED_REASONS),
+        **label_counts(bullets.num_rows, labels, unlabelled, USAGE_UNLABELLED_REASONS),
         "bullets_used": sum(1 for r in rows if r["label"] > 0),
         "bullets_zero_filled": sum(1 for r in rows if r["n_pairs"] == 0),
         **(log_counts or {}),
     }
     return SourceResult(labels, sorted(unlabelled, key=lambda u: u["bullet_id"]), counts)
+
+def _check(settings: Any) -> None:
+    if settings.usage.log is None:
+        raise ValueError("source=usage needs the usage log: set `usage.log` (CLI: --usage-log)")
+
+
+def run(cfg: Any, data: Path, bullets: pa.Table, inputs: dict[str, str], outputs: Any) -> SourceRun:
+    """`memprune label --source usage`: the usage log's events -> labels; unusable events to OUT/rejects.jsonl."""
+    u = cfg.usage
+    assert u.log is not None  # checked by the config
+    try:
+        options_u = UsageOptions(aggregation=u.aggregation, missing=u.missing, since=u.since, until=u.until)
+    except ValueError as exc:
+        raise LabelError(str(exc)) from exc
+    bullet_conv = dict(zip(bullets.column("bullet_id").to_pylist(), bullets.column("conversation_id").to_pylist()))
+    with JsonlSink(outputs.path("rejects.jsonl")) as sink:
+        ledger = Ledger(sink)
+        files = usage_files(u.log)
+        totals, log_counts = read_usage_log(u.log, bullet_conv, ledger, options_u)
+    for f in files:
+        inputs[f"usage:{f}"] = file_digest(f)
+    result = usage_labels(bullets, totals, options_u, log_counts)
+    ledger_summary = ledger.summary()
+    rule = options_u.rule()
+    return SourceRun(result, rule, ledger_summary)
+
+
+USAGE = register(LabelSource(name="usage", description="a usage log: whether the replies of a live chatbot used the bullet",
+                             check=_check, run=run))
