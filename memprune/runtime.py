@@ -200,17 +200,20 @@ def user_error(exc: BaseException) -> MemPruneError | None:
     """The memprune error behind `exc` (raised here, or inside a Ray task or actor), else None.
 
     Ray wraps a worker's exception (RayTaskError, a Ray Data UserCodeException, ...); the
-    memprune error is found in the cause chain, or failing that in the wrapped text.
+    memprune error is found in the cause chain, or failing that in the wrapped text. It is the
+    plain error, never Ray's wrapper: a RayTaskError's class derives from its cause's (so it is
+    a MemPruneError too), but its text is Ray's header and the worker's traceback.
     """
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
+        cause = getattr(e, "cause", None)  # a Ray wrapper: what it wraps (itself possibly a wrapper)
+        if isinstance(cause, BaseException):
+            e = cause
+            continue
         if isinstance(e, MemPruneError):
             return e
-        cause = getattr(e, "cause", None)
-        if isinstance(cause, MemPruneError):
-            return cause
         e = e.__cause__ or e.__context__
     names = _memprune_error_names()
     found = [m for m in _ERROR_LINE.findall(str(exc)) if m[0] in names]

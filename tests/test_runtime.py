@@ -41,3 +41,29 @@ def test_cluster_messages_go_to_the_log_not_the_terminal(monkeypatch: pytest.Mon
         "(raylet) WARNING: 8 PYTHON worker processes"]
     captured = capsys.readouterr()
     assert "PYTHON worker" not in captured.out + captured.err
+
+
+def test_a_memprune_error_in_a_ray_task_reaches_user_error_as_itself(ray_local) -> None:
+    """Ray's RayTaskError subclasses its cause's class (so it passes for the memprune error) but its text is
+    Ray's header plus the worker's traceback: `user_error` hands back the plain error and its one-line message."""
+    import ray
+
+    from memprune.runtime import one_line, user_error
+    from memprune.schema import SchemaError
+
+    @ray.remote(num_cpus=0)
+    def fail() -> None:
+        raise SchemaError("bullets.parquet: column 'text' missing")
+
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ray.get(fail.remote(), timeout=60)
+    wrapped = info.value
+    assert isinstance(wrapped, SchemaError) and "\n" in str(wrapped)  # the wrapper: a SchemaError, many lines
+    got = user_error(wrapped)
+    assert type(got) is SchemaError and str(got) == one_line(got) == "bullets.parquet: column 'text' missing"
+    try:  # wrapped once more, as a Ray Data task or the driver's own handler does
+        raise RuntimeError("the pipeline failed") from wrapped
+    except RuntimeError as outer:
+        again = user_error(outer)
+    assert type(again) is SchemaError and str(again) == "bullets.parquet: column 'text' missing"
+    assert user_error(RuntimeError("no memprune error here")) is None

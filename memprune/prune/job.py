@@ -9,7 +9,6 @@ block (checked at run time: a group seen in two blocks is an error, not a silent
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.encoders import EncoderActor
-from memprune.errors import MemPruneError
 from memprune.precision import Precision
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
 from memprune.prune.policy import Decision, unify_equal_texts
@@ -38,7 +36,7 @@ from memprune.prune.scoring import (
 )
 from memprune.prune.stats import block_stats, empty_stats, merge_stats, stable_hash
 from memprune.prune.store import Plan, read_rows
-from memprune.runtime import ActorResources
+from memprune.runtime import ActorResources, user_error
 from memprune.timing import busy_seconds, now
 from memprune.tokens import token_counter
 
@@ -261,25 +259,6 @@ def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
     return block.select(cols).filter(pa.array([chosen[g] for g in groups], pa.bool_()))
 
 
-_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*Error): (.+)$", re.MULTILINE)
-
-
-def user_error(exc: BaseException) -> PruneError | None:
-    """The memprune error raised inside a Ray task, recovered from the wrapped exception (its message only)."""
-    if isinstance(exc, PruneError):
-        return exc
-    if isinstance(exc, MemPruneError):
-        return PruneError(str(exc))
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, MemPruneError):
-        return PruneError(str(cause))
-    match = [m for m in _ERROR_LINE.findall(str(exc)) if m[0] in _USER_ERRORS]
-    return PruneError(match[-1][1].strip()) if match else None
-
-
-_USER_ERRORS = {"PruneError", "SchemaError", "ScorerError", "EncoderError", "TokenizerError", "MemPruneError"}
-
-
 def run_pipeline(
     config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Path, calibrated: bool = False,
 ) -> tuple[dict[str, Any], dict[str, float], pa.Table | None]:
@@ -329,9 +308,9 @@ def run_pipeline(
         stats = ray.get(tally.result.remote())
         timing["pipeline_s"] = time.perf_counter() - t1
     except Exception as exc:
-        user = user_error(exc)
+        user = user_error(exc)  # the memprune error raised inside an actor or task, unwrapped
         if user is not None:
-            raise user from None
+            raise (user if isinstance(user, PruneError) else PruneError(str(user))) from None
         raise
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
