@@ -63,107 +63,21 @@ def _evaluate_split(
 ) -> tuple[dict[str, Any], pd.DataFrame]:
     """Everything for one split: per seed, aggregated, significance, pruning, QA retention, figure data."""
     stages = list(frames)
+    reference, notes = _reference_labels(frames)
+    qa_cache: dict[tuple[str, ...], RandomKeep] = {}  # the random QA baseline: drawn once, reused by every model
     per_seed: dict[str, dict[str, Any]] = {}
     session_tables: list[pd.DataFrame] = []
     session_means: dict[str, pd.DataFrame] = {}
-    notes: list[str] = []
-
-    all_rows = pd.concat([f for seeds in frames.values() for f in seeds.values()])
-    reference = all_rows.drop_duplicates("bullet_id")[["bullet_id", "session", "label"]]
-    mismatch = all_rows.groupby("bullet_id")["label"].agg(lambda v: v.max() - v.min())
-    n_mismatch = int((mismatch > 1e-9).sum())
-    if n_mismatch:
-        notes.append(f"{n_mismatch} bullet(s) have different labels across stages/seeds")
-
-    # The random QA baseline depends only on the bullets and sessions: drawn once, reused by every model.
-    qa_cache: dict[tuple[str, ...], RandomKeep] = {}
+    cols = [*M.SESSION_ERROR_METRICS, *M.ranking_metric_names(config.ks)]
     for stage, seeds in frames.items():
-        per_seed[stage] = {}
-        tables = []
-        for seed, df in seeds.items():
-            result, sessions = evaluate_frame(df, config)
-            tokens = cited = recency_rank = random_keep = None
-            if corpus is not None:
-                tokens = df["bullet_id"].map(corpus.tokens).to_numpy(dtype=np.float64)
-                result["n_bullets_without_text"] = int(np.isnan(tokens).sum())
-                if corpus.cited is not None:
-                    cited = df["bullet_id"].map(corpus.cited).fillna(False).to_numpy(dtype=bool)
-                    rec = df["bullet_id"].map(corpus.recency).fillna(-1).to_numpy(dtype=np.float64)
-                    codes = group_codes(df["session"].to_numpy())
-                    # Most recent first; ties (same latest turn) -> later bullet first.
-                    recency_rank = rank_within_groups(rec, codes, order=-df["position"].to_numpy())
-                    key = tuple(df["bullet_id"])
-                    if key not in qa_cache:
-                        qa_cache[key] = RandomKeep(codes, cited, config.qa_draws, config.random_seed)
-                    random_keep = qa_cache[key]
-            result["classification"] = M.classification_metrics(
-                df["label"].to_numpy(), df["score"].to_numpy(), config.relevance_threshold, cited)
-            result["pruning"] = pruning_view(df, config, tokens, cited, recency_rank, random_keep)
-            per_seed[stage][str(seed)] = result
-            sessions = sessions.assign(stage=stage, seed=seed, split=split)
-            tables.append(sessions)
-        stage_sessions = pd.concat(tables)
+        per_seed[stage], stage_sessions = _evaluate_stage(stage, seeds, split, config, corpus, qa_cache)
         session_tables.append(stage_sessions)
-        cols = [*M.SESSION_ERROR_METRICS, *M.ranking_metric_names(config.ks)]
         session_means[stage] = stage_sessions.groupby(level="session")[cols].mean()
-
     missing_text = max((r.get("n_bullets_without_text", 0) for st in per_seed.values() for r in st.values()), default=0)
     if missing_text:
-        notes.append(f"{missing_text} bullet(s) of the run are not in the corpus bullets.parquet: left out of token counts")
-
-    # Aggregate over seeds.
-    agg: dict[str, Any] = {}
-    for stage in stages:
-        runs = per_seed[stage]
-        a: dict[str, Any] = {"n_seeds": len(runs), "regression": {}, "ranking": {}, "classification": {},
-                             "pruning": {}}
-        for m in M.REGRESSION_METRICS:
-            a["regression"][m] = aggregate({int(k): r["regression"][m] for k, r in runs.items()})
-        for m in M.CLASSIFICATION_METRICS:
-            if all(m in r["classification"] for r in runs.values()):
-                a["classification"][m] = aggregate({int(k): r["classification"][m] for k, r in runs.items()})
-        for m in M.ranking_metric_names(config.ks):
-            a["ranking"][m] = aggregate({int(k): r["ranking"][m]["mean"] for k, r in runs.items()})
-            first = next(iter(runs.values()))["ranking"][m]
-            a["ranking"][m]["n_sessions"] = first["n_sessions"]
-            a["ranking"][m]["excluded_by"] = first["excluded_by"]
-        for name in next(iter(runs.values()))["pruning"]:
-            rows = {int(k): r["pruning"][name] for k, r in runs.items()}
-            first = next(iter(rows.values()))
-            entry: dict[str, Any] = {"setting": first["setting"]}
-            for field_name, v in first.items():
-                if field_name == "setting":
-                    continue
-                if field_name == "qa":
-                    entry["qa"] = {q: aggregate({s: rows[s]["qa"][q] for s in rows}) for q in v}
-                else:
-                    entry[field_name] = aggregate({s: rows[s][field_name] for s in rows})
-            a["pruning"][name] = entry
-        pooled = pd.concat(frames[stage].values())
-        a["score_histogram"] = M.histogram(pooled["score"].to_numpy(), config.histogram_bins)
-        a["calibration"] = M.calibration(pooled["label"].to_numpy(), pooled["score"].to_numpy(), config.calibration_bins)
-        agg[stage] = a
-
-    # Significance.
-    sig: dict[str, Any] = {}
-    for stage, ref in comparisons(stages, config.baseline):
-        entry: dict[str, Any] = {"regression": {}, "ranking": {}}
-        for family, names in (("regression", M.REGRESSION_METRICS), ("ranking", M.ranking_metric_names(config.ks))):
-            for m in names:
-                seed_vals = {
-                    s: {int(k): (r[family][m] if family == "regression" else r[family][m]["mean"])
-                        for k, r in per_seed[s].items()}
-                    for s in (stage, ref)
-                }
-                test_m = m if (family == "ranking" or m in M.SESSION_ERROR_METRICS) else None
-                entry[family][m] = {
-                    "diff": agg[stage][family][m]["mean"] - agg[ref][family][m]["mean"],
-                    "wilcoxon": wilcoxon_sessions(session_means[stage][test_m], session_means[ref][test_m])
-                    if test_m else None,
-                    "seed_ttest": paired_seed_test(seed_vals[stage], seed_vals[ref]),
-                }
-        sig[f"{stage}_vs_{ref}"] = {"stage": stage, "reference": ref, **entry}
-
+        notes.append(f"{missing_text} bullet(s) of the run are not in the corpus bullets.parquet: "
+                     "left out of token counts")
+    agg = {stage: _aggregate_seeds(per_seed[stage], pd.concat(frames[stage].values()), config) for stage in stages}
     labels_all = reference["label"].to_numpy()
     split_out: dict[str, Any] = {
         "stages": stages,
@@ -174,20 +88,150 @@ def _evaluate_split(
         "relevant_share": float((labels_all >= config.relevance_threshold).mean()) if len(labels_all) else math.nan,
         "per_seed": per_seed,
         "aggregate": agg,
-        "significance": sig,
+        "significance": _significance(stages, per_seed, agg, session_means, config),
         "notes": notes,
     }
     if corpus is not None and corpus.cited is not None:
-        cited = reference["bullet_id"].map(corpus.cited).fillna(False).to_numpy(dtype=bool)
-        split_out["qa"] = {
-            "n_qa": corpus.n_qa,
-            "n_qa_without_evidence": corpus.n_qa_without_evidence,
-            "n_cited_bullets": int(cited.sum()),
-            "cited_share": float(cited.mean()) if len(cited) else math.nan,
-            "recency_source": corpus.recency_source,
-            "draws": config.qa_draws,
-        }
+        split_out["qa"] = _qa_summary(reference, corpus, config)
     return split_out, pd.concat(session_tables)
+
+
+def _reference_labels(frames: dict[str, dict[int, pd.DataFrame]]) -> tuple[pd.DataFrame, list[str]]:
+    """Each bullet once (bullet_id, session, label), and a note when stages or seeds disagree on a label."""
+    all_rows = pd.concat([f for seeds in frames.values() for f in seeds.values()])
+    reference = all_rows.drop_duplicates("bullet_id")[["bullet_id", "session", "label"]]
+    mismatch = all_rows.groupby("bullet_id")["label"].agg(lambda v: v.max() - v.min())
+    n_mismatch = int((mismatch > 1e-9).sum())
+    notes = [f"{n_mismatch} bullet(s) have different labels across stages/seeds"] if n_mismatch else []
+    return reference, notes
+
+
+# ------------------------------------------------------------------ per seed
+
+
+def _evaluate_stage(stage: str, seeds: dict[int, pd.DataFrame], split: str, config: EvalSettings,
+                    corpus: Corpus | None, qa_cache: dict[tuple[str, ...], RandomKeep]
+                    ) -> tuple[dict[str, Any], pd.DataFrame]:
+    """One stage's seeds: each seed's result (by seed name) and their per-session rows, tagged."""
+    results: dict[str, Any] = {}
+    tables = []
+    for seed, df in seeds.items():
+        results[str(seed)], sessions = _evaluate_seed(df, config, corpus, qa_cache)
+        tables.append(sessions.assign(stage=stage, seed=seed, split=split))
+    return results, pd.concat(tables)
+
+
+def _evaluate_seed(df: pd.DataFrame, config: EvalSettings, corpus: Corpus | None,
+                   qa_cache: dict[tuple[str, ...], RandomKeep]) -> tuple[dict[str, Any], pd.DataFrame]:
+    """One (stage, seed) frame: metrics, classification and the pruning view (tokens and QA evidence from
+    the corpus, where given); with its per-session table."""
+    result, sessions = evaluate_frame(df, config)
+    tokens = cited = recency_rank = random_keep = None
+    if corpus is not None:
+        tokens = df["bullet_id"].map(corpus.tokens).to_numpy(dtype=np.float64)
+        result["n_bullets_without_text"] = int(np.isnan(tokens).sum())
+        if corpus.cited is not None:
+            cited, recency_rank, random_keep = _qa_inputs(df, config, corpus, qa_cache)
+    result["classification"] = M.classification_metrics(
+        df["label"].to_numpy(), df["score"].to_numpy(), config.relevance_threshold, cited)
+    result["pruning"] = pruning_view(df, config, tokens, cited, recency_rank, random_keep)
+    return result, sessions
+
+
+def _qa_inputs(df: pd.DataFrame, config: EvalSettings, corpus: Corpus, qa_cache: dict[tuple[str, ...], RandomKeep]
+               ) -> tuple[np.ndarray, np.ndarray, RandomKeep]:
+    """Which bullets QA cites, their recency ranks and the random baseline (shared by frames of the same bullets)."""
+    cited = df["bullet_id"].map(corpus.cited).fillna(False).to_numpy(dtype=bool)
+    rec = df["bullet_id"].map(corpus.recency).fillna(-1).to_numpy(dtype=np.float64)
+    codes = group_codes(df["session"].to_numpy())
+    # Most recent first; ties (same latest turn) -> later bullet first.
+    recency_rank = rank_within_groups(rec, codes, order=-df["position"].to_numpy())
+    key = tuple(df["bullet_id"])
+    if key not in qa_cache:
+        qa_cache[key] = RandomKeep(codes, cited, config.qa_draws, config.random_seed)
+    return cited, recency_rank, qa_cache[key]
+
+
+# ------------------------------------------------------------------ over seeds
+
+
+def _aggregate_seeds(runs: dict[str, Any], pooled: pd.DataFrame, config: EvalSettings) -> dict[str, Any]:
+    """One stage over its seeds: mean and spread of every metric, and the pooled score histogram and calibration."""
+    a: dict[str, Any] = {"n_seeds": len(runs), "regression": {}, "ranking": {}, "classification": {}, "pruning": {}}
+    for m in M.REGRESSION_METRICS:
+        a["regression"][m] = aggregate({int(k): r["regression"][m] for k, r in runs.items()})
+    for m in M.CLASSIFICATION_METRICS:
+        if all(m in r["classification"] for r in runs.values()):
+            a["classification"][m] = aggregate({int(k): r["classification"][m] for k, r in runs.items()})
+    for m in M.ranking_metric_names(config.ks):
+        a["ranking"][m] = aggregate({int(k): r["ranking"][m]["mean"] for k, r in runs.items()})
+        first = next(iter(runs.values()))["ranking"][m]
+        a["ranking"][m]["n_sessions"] = first["n_sessions"]
+        a["ranking"][m]["excluded_by"] = first["excluded_by"]
+    for name in next(iter(runs.values()))["pruning"]:
+        a["pruning"][name] = _aggregate_pruning({int(k): r["pruning"][name] for k, r in runs.items()})
+    a["score_histogram"] = M.histogram(pooled["score"].to_numpy(), config.histogram_bins)
+    a["calibration"] = M.calibration(pooled["label"].to_numpy(), pooled["score"].to_numpy(), config.calibration_bins)
+    return a
+
+
+def _aggregate_pruning(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One pruning setting over seeds: its setting, each number (and each QA retention number) aggregated."""
+    first = next(iter(rows.values()))
+    entry: dict[str, Any] = {"setting": first["setting"]}
+    for field_name, v in first.items():
+        if field_name == "setting":
+            continue
+        if field_name == "qa":
+            entry["qa"] = {q: aggregate({s: rows[s]["qa"][q] for s in rows}) for q in v}
+        else:
+            entry[field_name] = aggregate({s: rows[s][field_name] for s in rows})
+    return entry
+
+
+# ------------------------------------------------------------------ significance
+
+
+def _significance(stages: list[str], per_seed: dict[str, dict[str, Any]], agg: dict[str, Any],
+                  session_means: dict[str, pd.DataFrame], config: EvalSettings) -> dict[str, Any]:
+    """Each compared pair (stage vs its reference): per metric, the difference, the session Wilcoxon test and
+    the paired seed t-test."""
+    sig: dict[str, Any] = {}
+    for stage, ref in comparisons(stages, config.baseline):
+        entry: dict[str, Any] = {"regression": {}, "ranking": {}}
+        for family, names in (("regression", M.REGRESSION_METRICS), ("ranking", M.ranking_metric_names(config.ks))):
+            for m in names:
+                entry[family][m] = _compare(family, m, stage, ref, per_seed, agg, session_means)
+        sig[f"{stage}_vs_{ref}"] = {"stage": stage, "reference": ref, **entry}
+    return sig
+
+
+def _compare(family: str, m: str, stage: str, ref: str, per_seed: dict[str, dict[str, Any]], agg: dict[str, Any],
+             session_means: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    """One metric of `stage` against `ref`: the difference of the seed means and both tests."""
+    seed_vals = {
+        s: {int(k): (r[family][m] if family == "regression" else r[family][m]["mean"]) for k, r in per_seed[s].items()}
+        for s in (stage, ref)
+    }
+    test_m = m if (family == "ranking" or m in M.SESSION_ERROR_METRICS) else None
+    return {
+        "diff": agg[stage][family][m]["mean"] - agg[ref][family][m]["mean"],
+        "wilcoxon": wilcoxon_sessions(session_means[stage][test_m], session_means[ref][test_m]) if test_m else None,
+        "seed_ttest": paired_seed_test(seed_vals[stage], seed_vals[ref]),
+    }
+
+
+def _qa_summary(reference: pd.DataFrame, corpus: Corpus, config: EvalSettings) -> dict[str, Any]:
+    """The split's QA evidence: questions, cited bullets, the recency source and the random baseline's draws."""
+    cited = reference["bullet_id"].map(corpus.cited).fillna(False).to_numpy(dtype=bool)
+    return {
+        "n_qa": corpus.n_qa,
+        "n_qa_without_evidence": corpus.n_qa_without_evidence,
+        "n_cited_bullets": int(cited.sum()),
+        "cited_share": float(cited.mean()) if len(cited) else math.nan,
+        "recency_source": corpus.recency_source,
+        "draws": config.qa_draws,
+    }
 
 
 def run(cfg: EvalConfig) -> dict[str, Any]:
