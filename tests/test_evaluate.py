@@ -187,6 +187,26 @@ def test_pruning_view_and_qa_retention_by_hand(tmp_path):
     assert "tokens/session before" in report
 
 
+def test_a_budget_or_fraction_rule_is_evaluated_by_the_prune_decision(tmp_path):
+    """The evaluation decides with `apply_policy`, as `memprune prune` does, so any policy gets its table."""
+    tiny_corpus(tmp_path / "data")
+    write_predictions(tmp_path / "run", "stage1", 0, tiny_predictions())
+    common = dict(data_dir=tmp_path / "data", tokenizer="whitespace", qa_draws=50, figures=False)
+    # budget 3 words per session: A keeps b0 (3 words; b1 would make 5), B keeps b1 (1 word; then b0's 4 > 3)
+    result = evaluate_run(tmp_path / "run", tmp_path / "budget", rule={"budget_tokens": 3}, **common)
+    p = result["splits"]["test"]["per_seed"]["stage1"]["0"]["pruning"]
+    assert list(p) == ["budget3"] and p["budget3"]["setting"]["policy"] == "budget"
+    assert (p["budget3"]["bullets_after"], p["budget3"]["tokens_after"]) == pytest.approx((1.0, 2.0))
+    report = (tmp_path / "budget" / "report.md").read_text()
+    assert "### Pruning: budget 3 tokens" in report and "| Stage 1 | budget 3 tokens |" in report
+    # fraction 0.5: ceil(1.5) = 2 of A, ceil(1) = 1 of B
+    result = evaluate_run(tmp_path / "run", tmp_path / "fraction", rule={"fraction": 0.5}, **common)
+    assert result["splits"]["test"]["per_seed"]["stage1"]["0"]["pruning"]["fraction0.5"]["bullets_after"] == 1.5
+    # a budget needs token counts: without the corpus it is one clear error
+    with pytest.raises(EvaluationError, match="needs token counts"):
+        evaluate_run(tmp_path / "run", tmp_path / "nodata", rule={"budget_tokens": 3}, figures=False)
+
+
 def test_random_share_formula():
     codes = np.array([0, 0, 0, 1, 1])
     cited = np.array([False, True, False, True, False])
