@@ -205,7 +205,7 @@ def run_score(config: ScoreConfig) -> dict[str, Any]:
         summary = {
             "format": 1, "input": config.input, "store": {**store.describe(), "fingerprint": exp.fingerprint,
                                                            "records": exp.records, "rejected": len(exp.rejects)},
-            "scorer": job["scorer"], "scored": table.num_rows, "calibrated": calibrated is not None,
+            "scorer": job["scorer"], "resources": job["resources"], "scored": table.num_rows, "calibrated": calibrated is not None,
             "written_to_store": written, "columns": table.column_names,
             "scores": job["scores"], "timing": {"export": exp.timing, "job": job["timing"],
                                                "write_s": round(time.perf_counter() - t0, 3),
