@@ -187,3 +187,14 @@ def test_tune_cli_records_a_failed_trial_goes_on_and_a_job_rerun_reuses_the_fini
         assert reused["cost_s"] == pytest.approx(r["train_s"], abs=1e-3)  # what its first run cost, not the lookup
     retried = by_lr[3e-3]
     assert retried["status"] == "completed" and not retried["reused"] and retried["error"] is None
+
+
+def test_the_searched_stages_come_from_the_stage_registry():
+    from memprune.train.stages import STAGE_SPECS, trained_chain
+    from memprune.tune.config import TuneSettings
+
+    first, second = trained_chain()
+    assert first.init_from is None and second.init_from == first.name and first.trained and second.trained
+    assert [s.name for s in STAGE_SPECS.values() if s.baseline] == ["vanilla"]
+    t = TuneSettings()
+    assert t.space(first.name) == t.stage1_space and t.trials(second.name) == t.stage2_trials

@@ -133,6 +133,12 @@ class StageSpec:
     threads_from_workers: bool = False  # False: one torch thread (a head on [batch, d] only spins more)
     per_seed_run: bool = False  # one Ray Train run per seed (spread over GPUs); else every seed in one run
     workers_key: str = "num_workers"  # the `ray` setting that sizes its Ray Train runs
+    label: str = ""  # its name in reports ("Stage 1"); empty: the name
+    baseline: bool = False  # the untrained reference every trained stage is compared with
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
 
     @property
     def trained(self) -> bool:
@@ -193,9 +199,20 @@ def _settings_payload(section: OptimConfig) -> dict[str, Any]:
 
 
 STAGE_SPECS: dict[str, StageSpec] = {
-    "vanilla": StageSpec("vanilla", None, "embedding", (), _predict_on_embeddings),
+    "vanilla": StageSpec("vanilla", None, "embedding", (), _predict_on_embeddings, label="Vanilla", baseline=True),
     "stage1": StageSpec("stage1", HeadModel, "embedding", ("stage1",), _predict_on_embeddings,
-                        workers_key="stage1_workers"),
+                        workers_key="stage1_workers", label="Stage 1"),
     "stage2": StageSpec("stage2", LoraModel, "text", ("stage1", "stage2"), _predict_with_scorer, init_from="stage1",
-                        threads_from_workers=True, per_seed_run=True),
+                        threads_from_workers=True, per_seed_run=True, label="Stage 2"),
 }
+
+
+def trained_chain() -> list[StageSpec]:
+    """The trained stages in start order: the one that starts from scratch, then each that starts from the one
+    before (`init_from`): stage 1, stage 2. What `memprune tune` searches, one after the other."""
+    chain = [s for s in STAGE_SPECS.values() if s.trained and s.init_from is None]
+    while True:
+        nxt = [s for s in STAGE_SPECS.values() if s.init_from == chain[-1].name]
+        if not nxt:
+            return chain
+        chain.append(nxt[0])

@@ -121,6 +121,14 @@ class TuneSettings(ConfigModel):
     train_fraction: float = Field(1.0, gt=0.0, le=1.0, description="share of the train conversations the trials "
                                   "use (a stable subset); validation stays whole")
 
+    def space(self, stage: str) -> dict[str, Dimension]:
+        """The search space of a trained stage (`<stage>_space`)."""
+        return getattr(self, f"{stage}_space")
+
+    def trials(self, stage: str) -> int:
+        """How many trials a trained stage's search runs (`<stage>_trials`)."""
+        return int(getattr(self, f"{stage}_trials"))
+
     @field_validator("stage1_space", "stage2_space")
     @classmethod
     def _space_keys(cls, v: dict[str, Dimension], info: Any) -> dict[str, Dimension]:

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from memprune.markdown import fmt, table
+from memprune.train.stages import trained_chain
 from memprune.tune.config import METRIC
 
 STATUS_MARK = {"completed": "completed", "stopped early": "stopped early (ASHA)", "error": "error",
@@ -89,9 +90,10 @@ def write_figure(summary: dict[str, Any], path: Path) -> None:
 
     fig = new_figure(6.5, 4.2)
     ax = fig.add_subplot(1, 1, 1)
-    styles = {("stage1", "completed"): ("o", "tab:blue", "stage 1"), ("stage2", "completed"): ("s", "tab:orange",
-                                                                                                "stage 2"),
-              ("stage2", "stopped early"): ("x", "tab:red", "stage 2, stopped early (last epoch's value)")}
+    first, second = trained_chain()
+    one, two = first.display.lower(), second.display.lower()
+    styles = {(first.name, "completed"): ("o", "tab:blue", one), (second.name, "completed"): ("s", "tab:orange", two),
+              (second.name, "stopped early"): ("x", "tab:red", f"{two}, stopped early (last epoch's value)")}
     for (stage, status), (marker, color, label) in styles.items():
         rows = [r for r in summary[f"{stage}_trials"] if r["status"] == status and r["metric"] is not None]
         if rows:

@@ -27,6 +27,7 @@ from rich.console import Console
 from memprune.encoders import check_encoder
 from memprune.io import OutputSet, check_out, jsonable, write_json, write_text
 from memprune.train.config import TrainSettings
+from memprune.train.stages import STAGE_SPECS, trained_chain
 from memprune.train.trainer import Inputs, artifact_dir, run_stage
 from memprune.tune.config import METRIC, TuneConfig, TuneError, apply_point
 from memprune.tune.report import render_report, render_train_yaml, write_figure
@@ -68,14 +69,15 @@ def run_trial(point: dict[str, Any], *, stage: str, cfg: TuneConfig, base: Train
     out = _trial_out(cfg.out / "trials", stage, point)
     tcfg = cfg.train_config(out, settings)
     stage1_s = 0.0
-    if stage == "stage2":
-        link = artifact_dir(out, "stage1", cfg.seed)
+    start = STAGE_SPECS[stage].init_from  # a stage that starts from another's artifact (stage 2 from stage 1)
+    if start is not None:
+        link = artifact_dir(out, start, cfg.seed)
         if shared_stage1 is not None and settings.loss == base.loss and not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(shared_stage1, link, target_is_directory=True)
         elif not link.exists():  # its loss differs from the shared stage 1's: a stage 1 of its own, as `train` would
             t0 = time.perf_counter()
-            run_stage(tcfg, inputs, "stage1", [cfg.seed])
+            run_stage(tcfg, inputs, start, [cfg.seed])
             stage1_s = time.perf_counter() - t0
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -109,13 +111,14 @@ def _search(cfg: TuneConfig, stage: str, base: TrainSettings, inputs: Inputs, sh
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
-    space = cfg.stage1_space if stage == "stage1" else cfg.stage2_space
-    n = cfg.stage1_trials if stage == "stage1" else cfg.stage2_trials
+    space, n = cfg.space(stage), cfg.trials(stage)
     points = [base_point(base, space)] if cfg.include_base else []
-    if stage == "stage2":
+    # the stage that starts from the chosen stage 1 (stage 2): the given points first, epochs cut by ASHA
+    from_start = STAGE_SPECS[stage].init_from is not None
+    if from_start:
         points += [{**base_point(base, space), **{k: encode(v) for k, v in p.items()}} for p in cfg.points]
     points = points[:n]
-    if stage == "stage2":
+    if from_start:
         horizon = max_epochs(base, space, points)
         scheduler: Any = ASHAScheduler(time_attr="epoch", max_t=horizon + 1,  # +1: the final report is never cut
                                        grace_period=cfg.scheduler.grace_period,
@@ -232,24 +235,25 @@ def run(cfg: TuneConfig) -> dict[str, Any]:
         inputs, ledger, embed_info = _prepare(prep_cfg, None, cfg.out / "cache", outputs)
         inputs = subsample_train(inputs, cfg.train_fraction, cfg.train.split.seed)
         settings = cfg.train
+        first, second = (spec.name for spec in trained_chain())  # stage 1, then stage 2 from the chosen stage 1
         stage1_records: list[dict[str, Any]] = []
-        if cfg.stage1_trials:
-            stage1_records = _search(cfg, "stage1", settings, inputs, None)
+        if cfg.trials(first):
+            stage1_records = _search(cfg, first, settings, inputs, None)
             best1 = best_of(stage1_records)
             if best1 is None:
                 raise TuneError(f"no stage-1 trial finished with a {METRIC}: see the trials under {cfg.out / 'trials'}")
             settings = apply_point(settings, best1["settings"])
         shared_cfg = cfg.train_config(cfg.out / "stage1-chosen", settings)
         t0 = time.perf_counter()
-        [s1] = run_stage(shared_cfg, inputs, "stage1", [cfg.seed])
-        s1_dir = artifact_dir(shared_cfg.out, "stage1", cfg.seed)
+        [s1] = run_stage(shared_cfg, inputs, first, [cfg.seed])
+        s1_dir = artifact_dir(shared_cfg.out, first, cfg.seed)
         s1_metric, s1_sessions = session_spearman_of(s1_dir / "predictions.parquet")
         stage1 = {"metric": _num(s1_metric), "n_sessions": s1_sessions, "val_mse": _num(s1["val_mse"]),
                   "train_s": s1["wall_s"], "cost_s": round(time.perf_counter() - t0, 3), "dir": str(s1_dir)}
         stage2_records: list[dict[str, Any]] = []
         best2 = None
-        if cfg.stage2_trials:
-            stage2_records = _search(cfg, "stage2", settings, inputs, str(s1_dir))
+        if cfg.trials(second):
+            stage2_records = _search(cfg, second, settings, inputs, str(s1_dir))
             best2 = best_of(stage2_records)
             if best2 is not None:
                 settings = apply_point(settings, best2["settings"])
