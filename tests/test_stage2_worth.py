@@ -43,3 +43,12 @@ def test_stage2_is_recommended_only_when_it_clearly_beats_stage1(tmp_path):
     again = evaluate_run(run, tmp_path / "out2", figures=False)["stage2_vs_stage1"]
     assert again["recommend"] == "stage1" and again["gain"] == 0.0
     assert "Recommended for /runs/msc-labels-sim: stage 1." in (tmp_path / "out2" / "report.md").read_text()
+
+
+def test_the_verdicts_stages_are_stage_specs_start_chain():
+    from memprune.evaluate.significance import STARTS
+    from memprune.evaluate.worth import STAGE, START
+    from memprune.train.stages import STAGE_SPECS
+
+    assert STAGE_SPECS[STAGE].init_from == START
+    assert all(STAGE_SPECS[s].init_from == start for s, start in STARTS)

@@ -61,10 +61,14 @@ def paired_seed_test(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]
     return {**res, "statistic": float(r.statistic), "p": float(r.pvalue), "note": ""}
 
 
-def comparisons(stages: Sequence[str], baseline: str) -> list[tuple[str, str]]:
-    """(stage, reference) pairs to test: every stage against the baseline, and stage 2 against stage 1."""
+# (stage, the stage it starts from): train/stages.py's `init_from` (evaluate/ sits below train/: named here)
+STARTS: tuple[tuple[str, str], ...] = (("stage2", "stage1"),)
+
+
+def comparisons(stages: Sequence[str], baseline: str,
+                starts: Sequence[tuple[str, str]] = STARTS) -> list[tuple[str, str]]:
+    """(stage, reference) pairs to test: every stage against the baseline, and each stage against its start."""
     pairs = [(s, baseline) for s in stages if s != baseline and baseline in stages]
-    if "stage2" in stages and "stage1" in stages and ("stage2", "stage1") not in pairs:
-        pairs.append(("stage2", "stage1"))
+    pairs += [(s, start) for s, start in starts if s in stages and start in stages and (s, start) not in pairs]
     return pairs
 

@@ -15,6 +15,9 @@ from typing import Any
 from memprune.markdown import fmt, fmt_p, table
 
 HEADLINE = "spearman"  # the session-level Spearman: the paper's headline metric
+# The verdict's two stages: the stage and the one it starts from (train/stages.py's stage 2 and its `init_from`).
+# Named here because evaluate/ sits below train/ in the floors and cannot ask STAGE_SPECS.
+STAGE, START = "stage2", "stage1"
 
 
 def training_seconds(layout: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
@@ -45,32 +48,32 @@ def stage2_worth(split: dict[str, Any] | None, seconds: dict[str, dict[str, Any]
                  min_gain: float, alpha: float) -> dict[str, Any] | None:
     """Stage 2 vs stage 1 on one split: each ranking metric's means, difference and p-values, seconds per seed,
     and the recommendation by the rule above; None when the run lacks either stage."""
-    sig = (split or {}).get("significance", {}).get("stage2_vs_stage1")
+    sig = (split or {}).get("significance", {}).get(f"{STAGE}_vs_{START}")
     if sig is None:
         return None
     agg = split["aggregate"]
     rows = []
     for metric, entry in sig["ranking"].items():
         w, t = entry.get("wilcoxon") or {}, entry.get("seed_ttest") or {}
-        rows.append({"metric": metric, "stage1": agg["stage1"]["ranking"][metric]["mean"],
-                     "stage2": agg["stage2"]["ranking"][metric]["mean"], "diff": entry["diff"],
+        rows.append({"metric": metric, START: agg[START]["ranking"][metric]["mean"],
+                     STAGE: agg[STAGE]["ranking"][metric]["mean"], "diff": entry["diff"],
                      "p_wilcoxon": w.get("p"), "n_sessions": w.get("n_sessions"), "p_seed_ttest": t.get("p")})
     head = next(r for r in rows if r["metric"] == HEADLINE)
     gain, p = head["diff"], head["p_wilcoxon"]
     ok = gain is not None and math.isfinite(gain) and gain >= min_gain and p is not None and math.isfinite(p) and p < alpha
-    s1, s2 = (seconds.get(s, {}).get("mean") for s in ("stage1", "stage2"))
+    s1, s2 = (seconds.get(s, {}).get("mean") for s in (START, STAGE))
     source = ", ".join(labels) if labels else "this run's labels"
     statement = (f"Recommended for {source}: {'stage 2' if ok else 'stage 1'}. Stage 2 − stage 1 on test session "
                  f"Spearman is {fmt(gain)} (Wilcoxon p = {fmt_p(p)}, {head['n_sessions']} sessions); the rule asks "
                  f"for at least +{min_gain} at p < {alpha}, which {'is' if ok else 'is not'} met. Training per seed: "
                  f"stage 1 {fmt(s1, 1)} s, stage 2 {fmt(s2, 1)} s.")
     return {"rows": rows, "seconds": seconds, "labels": labels, "min_gain": min_gain, "alpha": alpha,
-            "gain": gain, "p": p, "recommend": "stage2" if ok else "stage1", "statement": statement}
+            "gain": gain, "p": p, "recommend": STAGE if ok else START, "statement": statement}
 
 
 def worth_table(worth: dict[str, Any]) -> list[str]:
     """The Markdown of the verdict: one row per ranking metric, a row of seconds per seed, the statement."""
-    rows = [[r["metric"], fmt(r["stage1"]), fmt(r["stage2"]), fmt(r["diff"]),
+    rows = [[r["metric"], fmt(r[START]), fmt(r[STAGE]), fmt(r["diff"]),
              f"{fmt_p(r['p_wilcoxon'])} (n={r['n_sessions']})", fmt_p(r["p_seed_ttest"])] for r in worth["rows"]]
     secs = worth["seconds"]
 
@@ -78,8 +81,8 @@ def worth_table(worth: dict[str, Any]) -> list[str]:
         e = secs.get(stage)
         return "—" if not e else f"{fmt(e['mean'], 1)} ({', '.join(fmt(v, 1) for v in e['per_seed'].values())})"
 
-    rows.append(["training s per seed (mean; seeds)", per_seed("stage1"), per_seed("stage2"),
-                 fmt((secs.get("stage2") or {}).get("mean", math.nan) - (secs.get("stage1") or {}).get("mean", math.nan),
+    rows.append(["training s per seed (mean; seeds)", per_seed(START), per_seed(STAGE),
+                 fmt((secs.get(STAGE) or {}).get("mean", math.nan) - (secs.get(START) or {}).get("mean", math.nan),
                      1), "", ""])
     return [*table(["Metric", "Stage 1", "Stage 2", "Δ Stage 2 − Stage 1", "p Wilcoxon (sessions)",
                     "p paired t (seeds)"], rows), "", f"**{worth['statement']}**"]
