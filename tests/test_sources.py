@@ -512,11 +512,13 @@ def test_cli_train_mixing_and_folds_options_are_validated(locomo: Path, tmp_path
 
 
 def test_every_label_source_is_one_registry_entry():
-    import typing
+    from pydantic import ValidationError
 
     from memprune.label.config import LabelSettings
     from memprune.label.sources import SOURCES
 
-    assert set(typing.get_args(LabelSettings.model_fields["source"].annotation)) == set(SOURCES)
+    assert list(SOURCES) == ["judge", "qa", "usage"]
+    with pytest.raises(ValidationError, match="source=nope: no such label source; the sources: judge, qa"):
+        LabelSettings(source="nope")
     for name, source in SOURCES.items():
         assert source.name == name and (source.run is None) == source.judged

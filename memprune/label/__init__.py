@@ -7,7 +7,8 @@
 - `pairs`: bullets of session t x turns of the sessions after it (pure).
 - `similarity` / `llm_judge` / `listwise` / `likelihood`: the judges (CPU proxy / the paper's pairwise
   LLM judge / one prompt per target turn / log-probability gain), in resumable shards (`shards`).
-- `judges`: the `JUDGES` registry (one `JudgeEntry` per kind, declared in its module); `judging` runs them; `consensus` + `agreement`: several judges, their mean, spread and
+- `judges`: the `JUDGES` registry (one `JudgeEntry` per kind, declared in its module); `judging` runs the
+  model judges; `consensus` + `agreement`: several judges, their mean, spread and
   agreement (Spearman, Krippendorff's alpha).
 - `cost`: calls, tokens, prefix-cache reuse and GPU-hours (`--plan`, and `label.json` -> `cost`).
 - `aggregate`: pairs -> labels (max or mean, horizon decay).

@@ -85,11 +85,11 @@ class UsageLabelSettings(ConfigModel):
 class LabelSettings(ConfigModel):
     """Every option of `memprune label` except the paths (the pipeline's `label:` section)."""
 
-    source: Literal["judge", "qa", "usage"] = Field("judge", description="judge (LLM/similarity), qa or usage")
+    source: str = Field("judge", description="a label source of SOURCES: judge (LLM/similarity), qa or usage")
     qa: QALabelSettings = Field(default_factory=QALabelSettings)
     usage: UsageLabelSettings = Field(default_factory=UsageLabelSettings)
-    judge: Literal["llm", "similarity", "likelihood"] = "similarity"
-    judge_mode: Literal["pairwise", "listwise"] = Field(
+    judge: str = Field("similarity", description="which judge: a `judge` of the JUDGES registry (label/judges.py)")
+    judge_mode: str = Field(
         "pairwise", description="llm: one prompt per pair (the paper's) or one per target turn listing its bullets")
     listwise: ListwiseOptions = Field(default_factory=ListwiseOptions)
     likelihood: LikelihoodOptions = Field(default_factory=LikelihoodOptions)
@@ -117,6 +117,8 @@ class LabelSettings(ConfigModel):
     def _judge_settings(self) -> "LabelConfig":
         entry = judge_of(self.judge, self.judge_mode)
         model_judge = entry.needs_llm
+        if self.source not in SOURCES:
+            raise ValueError(f"source={self.source}: no such label source; the sources: {', '.join(SOURCES)}")
         check = SOURCES[self.source].check
         if check is not None:
             check(self)

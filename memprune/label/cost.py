@@ -1,8 +1,8 @@
 """Cost accounting and planning of a labeling run: LLM calls, prompt and generated tokens, prefix-cache reuse.
 
-`memprune label --plan` renders every prompt a judge mode would send (each `JUDGES` entry's `plan`:
-the judge module renders its own prompts) and counts tokens without running the model; a real run records the same plan for
-its own mode next to what the engine measured. Rules, precisely:
+`memprune label --plan` renders every prompt a judge mode would send (each `JUDGES` entry's `plan`: the judge module
+renders its own prompts) and counts tokens without running the model; a real run records the same plan for its own
+mode next to what the engine measured. Rules, precisely:
 
 - tokenizer: the judge model's own (its local directory: tokenizer and chat template), else a named
   fallback (`cost.tokenizer`, default the local all-MiniLM-L6-v2 tokenizer; without a chat template

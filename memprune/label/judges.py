@@ -69,7 +69,7 @@ def judge_of(judge: str, judge_mode: str) -> JudgeEntry:
         if entry.judge == judge and entry.judge_mode == judge_mode:
             return entry
     wants = sorted({e.judge for e in JUDGES.values() if e.judge_mode == judge_mode})
-    if wants:
+    if wants and any(e.judge == judge for e in JUDGES.values()):
         raise ValueError(f"judge_mode={judge_mode} needs judge={' or judge='.join(wants)} (judge is {judge})")
     raise ValueError(f"judge={judge}, judge_mode={judge_mode}: no such judge; the judges: "
                      + ", ".join(f"{e.kind} (judge={e.judge}, judge_mode={e.judge_mode})" for e in JUDGES.values()))

@@ -294,7 +294,8 @@ def list_budget(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCo
 
 def generated_per_list(counter: PromptCounter, k: int) -> int:
     """The planned output tokens of one list of k bullets: the schema's array, compact JSON (+ 1 end token)."""
-    return int(counter.count([json.dumps([{"id": i, "score": 5} for i in range(1, k + 1)], separators=(",", ":"))])[0]) + 1
+    array = json.dumps([{"id": i, "score": 5} for i in range(1, k + 1)], separators=(",", ":"))
+    return int(counter.count([array])[0]) + 1
 
 
 def plan_prompts(plan: PairPlan, groups: list[tuple[int, int]], counter: PromptCounter, template: Any, llm: Any,
