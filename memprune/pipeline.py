@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 
+from memprune import stages as registry
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
 from memprune.evaluate.config import EvalSettings
 from memprune.io import write_json
@@ -237,13 +238,14 @@ def quickstart_config(out: str, data: str | None = None, overrides: list[str] | 
         if not sep or fmt not in ("msc", "locomo", "jsonl"):
             raise ConfigError(f"--data must be FORMAT:PATH with FORMAT msc, locomo or jsonl, got {data!r}")
         corpus = CorpusSpec(format=fmt, input=path, split="valid" if fmt == "msc" else None)
+    first, second = (s.name for s in registry.trained_chain())  # the optimiser sections of stage 1 and stage 2
     return validate(PipelineConfig, merge({
         "out": out,
         "corpus": corpus.model_dump(),
         "label": {"judge": "similarity"},
         "train": {"seeds": [0, 1, 2], "max_length": 32,
-                  "stage1": {"epochs": 40, "lr": 0.003, "batch_size": 64, "patience": 5},
-                  "stage2": {"epochs": 2, "lr": 0.0005, "batch_size": 32, "patience": 1},
+                  first: {"epochs": 40, "lr": 0.003, "batch_size": 64, "patience": 5},
+                  second: {"epochs": 2, "lr": 0.0005, "batch_size": 32, "patience": 1},
                   "ray": {"num_workers": 1, "cpus_per_worker": 1}},
     }, parse_overrides(overrides)), "quickstart --set")
 

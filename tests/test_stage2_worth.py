@@ -46,9 +46,16 @@ def test_stage2_is_recommended_only_when_it_clearly_beats_stage1(tmp_path):
 
 
 def test_the_verdicts_stages_are_stage_specs_start_chain():
+    from memprune import stages
     from memprune.evaluate.significance import STARTS
-    from memprune.evaluate.worth import STAGE, START
-    from memprune.train.stages import STAGE_SPECS
+    from memprune.evaluate.worth import KEY, STAGE, START
+    from memprune.train.stages import STAGE_SPECS, trained_chain
 
-    assert STAGE_SPECS[STAGE].init_from == START
+    # the verdict: the last trained stage against the one it starts from, as STAGE_SPECS trains them
+    assert trained_chain()[-1].name == STAGE and STAGE_SPECS[STAGE].init_from == START and KEY == f"{STAGE}_vs_{START}"
     assert all(STAGE_SPECS[s].init_from == start for s, start in STARTS)
+    assert STARTS == tuple((s.name, s.init_from) for s in STAGE_SPECS.values() if s.init_from)
+    # one set of facts: STAGE_SPECS takes them from memprune/stages.py, in its order
+    assert list(STAGE_SPECS) == list(stages.stage_names())
+    assert all(spec.facts is stages.get(name) for name, spec in STAGE_SPECS.items())
+    assert [s.name for s in STAGE_SPECS.values() if s.baseline] == [stages.baseline().name]

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from memprune import stages as registry
 from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.evaluate.metrics import KS, RELEVANCE_THRESHOLD
@@ -30,7 +31,8 @@ class EvalSettings(ConfigModel):
     relevance_threshold: float = Field(RELEVANCE_THRESHOLD, ge=0.0, le=1.0, description="relevant = label >= this")
     thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     splits: tuple[Literal["test", "valid"], ...] = ("test",)
-    baseline: str = "vanilla"
+    baseline: str = Field(default_factory=lambda: registry.baseline().name,
+                          description="the stage every other is tested against (default: the registry's baseline)")
     tokenizer: str = Field("encoder", description="token unit: encoder (the run's encoder), whitespace, or a tokenizer.json")
     qa_draws: int = Field(1000, ge=1, description="random-pruning draws of the QA baseline")
     random_seed: int = 0

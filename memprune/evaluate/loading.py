@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from memprune import stages as registry
 from memprune.encoders import DEFAULT_ENCODER
 from memprune.evaluate.config import SPLIT_ALIASES, EvaluationError
 from memprune.io import read_table
@@ -30,7 +31,7 @@ from memprune.rejects import Ledger
 from memprune.schema import SchemaError
 from memprune.tokens import token_counter
 
-STAGE_ORDER: tuple[str, ...] = ("vanilla", "stage1", "stage2")
+STAGE_ORDER: tuple[str, ...] = registry.stage_names()  # method order (memprune/stages.py)
 REQUIRED_COLUMNS: tuple[str, ...] = ("bullet_id", "split", "label", "score", "conversation_id", "session_index")
 SEED_DIR = re.compile(r"^seed(\d+)$")
 FOLD_DIR = re.compile(r"^fold(\d+)$")
@@ -40,7 +41,7 @@ TURN_SUFFIX = re.compile(r":t(\d+)$")
 
 def stage_sort_key(stage: str) -> tuple[int, str]:
     """Vanilla, Stage 1, Stage 2 first (method order), any other stage after, alphabetically."""
-    return (STAGE_ORDER.index(stage), "") if stage in STAGE_ORDER else (len(STAGE_ORDER), stage)
+    return registry.sort_key(stage)
 
 
 def discover_run(run_dir: str | Path) -> dict[str, dict[int, Path]]:

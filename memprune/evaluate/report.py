@@ -12,15 +12,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from memprune import stages as registry
 from memprune.evaluate.calibration import calibration_table, figure_reliability
-from memprune.evaluate.worth import worth_table
+from memprune.evaluate.worth import KEY as WORTH_KEY, worth_table
 from memprune.figures import new_figure, save_png
 from memprune.io import write_text
 from memprune.markdown import fmt, fmt_p, mean_std, stars, table
 from memprune.evaluate.pruning import evaluation_rules
 from memprune.prune.config import PruneRule
 
-STAGE_LABELS = {"vanilla": "Vanilla", "stage1": "Stage 1", "stage2": "Stage 2"}
+STAGE_LABELS = {s.name: s.label for s in registry.STAGES}  # memprune/stages.py
 REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",
                      "spearman": "Spearman (global) ↑"}
 CLASSIFICATION_LABELS = {"auc": "AUC (relevant = label >= threshold) ↑", "qa_auc": "AUC (QA-cited) ↑"}
@@ -30,7 +31,12 @@ FIGURES = ("ranking_vs_k.png", "reduction_vs_threshold.png", "score_histogram.pn
 
 def stage_label(stage: str) -> str:
     """Display name of a stage directory name."""
-    return STAGE_LABELS.get(stage, stage)
+    return registry.label(stage)
+
+
+def _start_pairs() -> str:
+    """The `†` legend: each stage against the one it starts from ("Stage 2 against Stage 1")."""
+    return ", ".join(f"{stage_label(s)} against {stage_label(start)}" for s, start in registry.starts())
 
 
 def test_p(entry: dict[str, Any] | None) -> Any:
@@ -49,8 +55,9 @@ def _marker(split: dict[str, Any], family: str, metric: str, stage: str, baselin
     vs_base = sig.get(f"{stage}_vs_{baseline}")
     if vs_base:
         out += stars(test_p(vs_base[family].get(metric)))
-    if stage == "stage2" and "stage2_vs_stage1" in sig:
-        p = test_p(sig["stage2_vs_stage1"][family].get(metric))
+    start = dict(registry.starts()).get(stage)  # the stage it starts from (stage 2: stage 1)
+    if start is not None and f"{stage}_vs_{start}" in sig:
+        p = test_p(sig[f"{stage}_vs_{start}"][family].get(metric))
         if p is not None and p < 0.05:
             out += "†"
     return out
@@ -308,15 +315,16 @@ def write_report(metrics: dict[str, Any], out_dir: str | Path, figures: bool = T
         lines += [f"### Scorer quality (mean ± std over seeds){' — the paper’s Tables 2 and 3' if main else ''}", ""]
         lines += quality_tables(split, baseline, ks)
         lines += ["", f"Markers: `*` p < 0.05, `**` p < 0.01, `***` p < 0.001 against {stage_label(baseline)}; "
-                  "`†` Stage 2 against Stage 1 at p < 0.05. The marker uses the two-sided Wilcoxon signed-rank "
+                  f"`†` {_start_pairs()} at p < 0.05. The marker uses the two-sided Wilcoxon signed-rank "
                   "test over sessions (per-session value averaged over seeds) where the metric exists per "
                   "session, else the paired t-test over seeds (global Pearson, Spearman). Uncorrected for "
                   "multiple comparisons.", ""]
         if not main:
             continue
         lines += ["### Significance", ""] + significance_table(split) + [""]
-        if metrics.get("stage2_vs_stage1"):
-            lines += ["### Is stage 2 worth it? Stage 2 against Stage 1", ""] + worth_table(metrics["stage2_vs_stage1"])
+        if metrics.get(WORTH_KEY):
+            stage, start = (stage_label(s) for s in registry.verdict_pair())
+            lines += [f"### Is {stage.lower()} worth it? {stage} against {start}", ""] + worth_table(metrics[WORTH_KEY])
             lines += [""]
         lines += ["### Sessions used per ranking metric", ""] + sessions_used_table(split) + [""]
         lines += ["### Per seed", ""] + per_seed_table(split, ks) + [""]

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from memprune import stages as registry
+
 
 def aggregate(values: dict[int, float]) -> dict[str, Any]:
     """Mean and sample std (ddof=1) over seeds of one number; NaN seeds are left out and counted."""
@@ -61,8 +63,8 @@ def paired_seed_test(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]
     return {**res, "statistic": float(r.statistic), "p": float(r.pvalue), "note": ""}
 
 
-# (stage, the stage it starts from): train/stages.py's `init_from` (evaluate/ sits below train/: named here)
-STARTS: tuple[tuple[str, str], ...] = (("stage2", "stage1"),)
+# (stage, the stage it starts from): every `init_from` of memprune/stages.py
+STARTS: tuple[tuple[str, str], ...] = registry.starts()
 
 
 def comparisons(stages: Sequence[str], baseline: str,

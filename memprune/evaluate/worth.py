@@ -1,7 +1,8 @@
 """Is stage 2 worth its cost? Stage 2 against stage 1 on every ranking metric, training seconds, a computed verdict.
 
-The verdict is a rule, not prose: stage 2 is recommended for a run's label source only when it beats
-stage 1 on the test split's session-level Spearman by at least `stage2_min_gain` with a Wilcoxon
+The two stages are the last trained stage and the stage it starts from (`memprune.stages.verdict_pair`: stage 2
+and its `init_from`, stage 1). The verdict is a rule, not prose: stage 2 is recommended for a run's label source
+only when it beats stage 1 on the test split's session-level Spearman by at least `stage2_min_gain` with a Wilcoxon
 signed-rank p-value (over sessions) below `stage2_alpha`; otherwise the recommendation is stage 1.
 """
 
@@ -12,12 +13,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from memprune import stages as registry
 from memprune.markdown import fmt, fmt_p, table
 
 HEADLINE = "spearman"  # the session-level Spearman: the paper's headline metric
-# The verdict's two stages: the stage and the one it starts from (train/stages.py's stage 2 and its `init_from`).
-# Named here because evaluate/ sits below train/ in the floors and cannot ask STAGE_SPECS.
-STAGE, START = "stage2", "stage1"
+# The verdict's two stages: the last trained stage and the one it starts from (memprune/stages.py's init_from)
+STAGE, START = registry.verdict_pair()
+KEY = f"{STAGE}_vs_{START}"  # its significance entry, and its key in metrics.json
+LABEL, START_LABEL = registry.label(STAGE), registry.label(START)  # "Stage 2", "Stage 1"
 
 
 def training_seconds(layout: dict[str, dict[int, Any]]) -> dict[str, dict[str, Any]]:
@@ -48,7 +51,7 @@ def stage2_worth(split: dict[str, Any] | None, seconds: dict[str, dict[str, Any]
                  min_gain: float, alpha: float) -> dict[str, Any] | None:
     """Stage 2 vs stage 1 on one split: each ranking metric's means, difference and p-values, seconds per seed,
     and the recommendation by the rule above; None when the run lacks either stage."""
-    sig = (split or {}).get("significance", {}).get(f"{STAGE}_vs_{START}")
+    sig = (split or {}).get("significance", {}).get(KEY)
     if sig is None:
         return None
     agg = split["aggregate"]
@@ -63,10 +66,11 @@ def stage2_worth(split: dict[str, Any] | None, seconds: dict[str, dict[str, Any]
     ok = gain is not None and math.isfinite(gain) and gain >= min_gain and p is not None and math.isfinite(p) and p < alpha
     s1, s2 = (seconds.get(s, {}).get("mean") for s in (START, STAGE))
     source = ", ".join(labels) if labels else "this run's labels"
-    statement = (f"Recommended for {source}: {'stage 2' if ok else 'stage 1'}. Stage 2 − stage 1 on test session "
+    one, two = START_LABEL.lower(), LABEL.lower()
+    statement = (f"Recommended for {source}: {two if ok else one}. {LABEL} − {one} on test session "
                  f"Spearman is {fmt(gain)} (Wilcoxon p = {fmt_p(p)}, {head['n_sessions']} sessions); the rule asks "
                  f"for at least +{min_gain} at p < {alpha}, which {'is' if ok else 'is not'} met. Training per seed: "
-                 f"stage 1 {fmt(s1, 1)} s, stage 2 {fmt(s2, 1)} s.")
+                 f"{one} {fmt(s1, 1)} s, {two} {fmt(s2, 1)} s.")
     return {"rows": rows, "seconds": seconds, "labels": labels, "min_gain": min_gain, "alpha": alpha,
             "gain": gain, "p": p, "recommend": STAGE if ok else START, "statement": statement}
 
@@ -84,5 +88,5 @@ def worth_table(worth: dict[str, Any]) -> list[str]:
     rows.append(["training s per seed (mean; seeds)", per_seed(START), per_seed(STAGE),
                  fmt((secs.get(STAGE) or {}).get("mean", math.nan) - (secs.get(START) or {}).get("mean", math.nan),
                      1), "", ""])
-    return [*table(["Metric", "Stage 1", "Stage 2", "Δ Stage 2 − Stage 1", "p Wilcoxon (sessions)",
+    return [*table(["Metric", START_LABEL, LABEL, f"Δ {LABEL} − {START_LABEL}", "p Wilcoxon (sessions)",
                     "p paired t (seeds)"], rows), "", f"**{worth['statement']}**"]

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from memprune import stages as registry
 from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.precision import Precision, precision_field
@@ -25,8 +26,7 @@ from memprune.scorer import (
 )
 from memprune.train.splits import SplitConfig
 
-STAGES = ("vanilla", "stage1", "stage2")
-Stage = Literal["vanilla", "stage1", "stage2"]
+STAGES: tuple[str, ...] = registry.stage_names()  # method order (memprune/stages.py)
 
 
 class TrainError(MemPruneError):
@@ -105,10 +105,16 @@ class CalibrationSettings(ConfigModel):
 class FaultInjection(ConfigModel):
     """Testing aid: SIGKILL the rank-0 worker once, mid-epoch, to exercise FailureConfig resume."""
 
-    stage: Literal["stage1", "stage2"] = "stage1"
+    stage: str = Field(default_factory=lambda: registry.trained_chain()[0].name,
+                       description="a trained stage (memprune/stages.py); default: the first")
     seed: int | None = Field(None, description="only this seed's trainer (None: whichever gets there first)")
     after_epoch: int = Field(1, ge=1, description="kill during the epoch after this one")
     marker: str = Field(description="file created before the kill; the kill happens only if it is absent")
+
+    @field_validator("stage")
+    @classmethod
+    def _stage(cls, v: str) -> str:
+        return registry.check([v], trained_only=True)[0]
 
 
 class TrainSettings(ConfigModel):
@@ -122,7 +128,7 @@ class TrainSettings(ConfigModel):
     agreement_floor: float = Field(0.1, gt=0.0, lt=1.0, description="weight factor of a row whose judges disagree "
                                                                       "completely (agreement 0)")
     folds: int | None = Field(None, ge=2, description="k-fold by conversation: train K times, each fold held out once")
-    stages: list[Stage] = Field(default_factory=lambda: list(STAGES))
+    stages: list[str] = Field(default_factory=lambda: list(STAGES), description="among memprune/stages.py's")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     encoder: str = DEFAULT_ENCODER
     max_length: int = Field(64, ge=8)
@@ -161,7 +167,7 @@ class TrainSettings(ConfigModel):
     def _stages(cls, v: list[str]) -> list[str]:
         if not v:
             raise ValueError("at least one stage is needed")
-        return [s for s in STAGES if s in set(v)]
+        return registry.in_order(registry.check(v))
 
     @field_validator("seeds")
     @classmethod
@@ -189,14 +195,14 @@ class TrainSettings(ConfigModel):
         return self.agreement_floor + (1.0 - self.agreement_floor) * a
 
     def scorer_config(self, stage: str | None = None, seed: int | None = None) -> ScorerConfig:
-        """The `ScorerConfig` of a (stage, seed) artifact (LoRA settings only for stage 2)."""
+        """The `ScorerConfig` of a (stage, seed) artifact (LoRA settings only for a stage that trains the encoder)."""
         return ScorerConfig(
             encoder=self.encoder,
             max_length=self.max_length,
             normalize=self.normalize,
             text_prefix=self.text_prefix,
             head=self.head,
-            lora=self.stage2.lora if stage == "stage2" else None,
+            lora=getattr(self, stage).lora if registry.trains_encoder(stage) else None,  # its section's
             stage=stage,
             seed=seed,
         )

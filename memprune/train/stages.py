@@ -1,9 +1,9 @@
 """The scorer's stages (vanilla, stage 1, stage 2) as a registry of specs: everything that differs per stage.
 
-A `StageSpec` says whether the stage trains, from which earlier stage of the same seed it starts,
-which optimiser section it uses, how many torch threads a worker takes, which input column the
-train loop reads (cached embeddings or texts), how its trainable module is built, and how its
-artifact predicts. The recipe and the train loop never compare stage names.
+What a stage is (name, report label, start, baseline) comes from `memprune.stages`, the floor's registry of
+facts; a `StageSpec` adds whether the stage trains, which optimiser section it uses, how many torch threads a
+worker takes, which input column the train loop reads (cached embeddings or texts), how its trainable module is
+built, and how its artifact predicts. The recipe and the train loop never compare stage names.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from memprune import stages as registry
 from memprune.precision import Precision, Resolved
 from memprune.scorer import ScorerConfig
 from memprune.train.config import OptimConfig, TrainError, TrainSettings
@@ -122,23 +123,40 @@ def _predict_with_scorer(cfg: TrainSettings, artifact: Path, head_state: dict[st
 
 @dataclass(frozen=True)
 class StageSpec:
-    """What one stage is: training or not, its start, optimiser, threads, inputs, model and prediction."""
+    """How one stage trains and predicts: its model, inputs, optimiser, threads; the facts from `memprune.stages`."""
 
-    name: str
+    facts: registry.StageFacts  # name, label, init_from, baseline (memprune/stages.py)
     model: type[HeadModel] | type[LoraModel] | None  # None: not trained (vanilla)
     column: str  # what the train loop reads: "embedding" (cached) or "text"
     settings: tuple[str, ...]  # optimiser sections the result depends on (its own last)
     predict: Callable[..., np.ndarray]
-    init_from: str | None = None
     threads_from_workers: bool = False  # False: one torch thread (a head on [batch, d] only spins more)
     per_seed_run: bool = False  # one Ray Train run per seed (spread over GPUs); else every seed in one run
     workers_key: str = "num_workers"  # the `ray` setting that sizes its Ray Train runs
-    label: str = ""  # its name in reports ("Stage 1"); empty: the name
-    baseline: bool = False  # the untrained reference every trained stage is compared with
+
+    def __post_init__(self) -> None:
+        if self.facts.trained != (self.model is not None):
+            raise TrainError(f"stage {self.facts.name}: a model class exactly when it is trained (not the baseline)")
+
+    @property
+    def name(self) -> str:
+        return self.facts.name
+
+    @property
+    def init_from(self) -> str | None:
+        return self.facts.init_from
+
+    @property
+    def label(self) -> str:
+        return self.facts.label
+
+    @property
+    def baseline(self) -> bool:
+        return self.facts.baseline
 
     @property
     def display(self) -> str:
-        return self.label or self.name
+        return self.label
 
     @property
     def trained(self) -> bool:
@@ -198,21 +216,19 @@ def _settings_payload(section: OptimConfig) -> dict[str, Any]:
     return {k: v for k, v in dump.items() if not (k in _NEUTRAL_DEFAULTS and v == _NEUTRAL_DEFAULTS[k])}
 
 
-STAGE_SPECS: dict[str, StageSpec] = {
-    "vanilla": StageSpec("vanilla", None, "embedding", (), _predict_on_embeddings, label="Vanilla", baseline=True),
-    "stage1": StageSpec("stage1", HeadModel, "embedding", ("stage1",), _predict_on_embeddings,
-                        workers_key="stage1_workers", label="Stage 1"),
-    "stage2": StageSpec("stage2", LoraModel, "text", ("stage1", "stage2"), _predict_with_scorer, init_from="stage1",
-                        threads_from_workers=True, per_seed_run=True, label="Stage 2"),
-}
+_SPECS = (
+    StageSpec(registry.VANILLA, None, "embedding", (), _predict_on_embeddings),
+    StageSpec(registry.STAGE1, HeadModel, "embedding", (registry.STAGE1.name,), _predict_on_embeddings,
+              workers_key="stage1_workers"),
+    StageSpec(registry.STAGE2, LoraModel, "text", (registry.STAGE1.name, registry.STAGE2.name), _predict_with_scorer,
+              threads_from_workers=True, per_seed_run=True),
+)
+STAGE_SPECS: dict[str, StageSpec] = {s.name: _s for s in registry.STAGES for _s in _SPECS if _s.facts is s}
+if list(STAGE_SPECS) != list(registry.stage_names()):
+    raise TrainError(f"STAGE_SPECS {list(STAGE_SPECS)} does not cover memprune.stages {list(registry.stage_names())}")
 
 
 def trained_chain() -> list[StageSpec]:
-    """The trained stages in start order: the one that starts from scratch, then each that starts from the one
-    before (`init_from`): stage 1, stage 2. What `memprune tune` searches, one after the other."""
-    chain = [s for s in STAGE_SPECS.values() if s.trained and s.init_from is None]
-    while True:
-        nxt = [s for s in STAGE_SPECS.values() if s.init_from == chain[-1].name]
-        if not nxt:
-            return chain
-        chain.append(nxt[0])
+    """The trained stages in start order (`memprune.stages.trained_chain`): stage 1, stage 2. What `memprune tune`
+    searches, one after the other."""
+    return [STAGE_SPECS[s.name] for s in registry.trained_chain()]
