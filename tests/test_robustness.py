@@ -179,15 +179,15 @@ def test_every_shipped_config_loads(monkeypatch) -> None:
     from memprune.label import LabelConfig
     from memprune.llm import LLMConfig
     from memprune.pipeline import PipelineConfig
-    from memprune.prune import PruneConfig
     from memprune.qa import QAEvalConfig
+    from memprune.stores import StorePruneConfig
     from memprune.summarize import SummarizeConfig
     from memprune.train import TrainConfig
     from memprune.tune.config import TuneConfig
 
     monkeypatch.chdir(REPO)
     models = {"dialogue-eval": DialogueEvalConfig, "evaluate": EvalConfig, "ingest": IngestConfig,
-              "label": LabelConfig, "pipeline": PipelineConfig, "prune": PruneConfig, "qa-eval": QAEvalConfig,
+              "label": LabelConfig, "pipeline": PipelineConfig, "prune": StorePruneConfig, "qa-eval": QAEvalConfig,
               "summarize": SummarizeConfig, "train": TrainConfig, "tune": TuneConfig}
     files = sorted((REPO / "configs").rglob("*.yaml"))
     assert len(files) >= 15
@@ -195,7 +195,7 @@ def test_every_shipped_config_loads(monkeypatch) -> None:
         if path.parent.name == "llm":
             LLMConfig.from_yaml(path)
             continue
-        model = next(m for prefix, m in models.items() if path.stem.startswith(prefix))
+        model = next(m for job, m in models.items() if path.stem.startswith(job) or path.stem == f"paper-{job}")
         cfg = load_config(path, [], model)
         if isinstance(cfg, LabelConfig) and cfg.judge == "llm":
             cfg.llm_settings()

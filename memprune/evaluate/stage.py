@@ -35,6 +35,7 @@ from memprune.evaluate.significance import (
     paired_seed_test,
     wilcoxon_sessions,
 )
+from memprune.evaluate.worth import KEY as WORTH_KEY
 from memprune.evaluate.worth import run_labels, stage2_worth, training_seconds
 from memprune.io import JsonlSink, OutputSet, check_out, jsonable, write_json, write_table
 from memprune.prune.rule import group_codes, rank_within_groups
@@ -309,7 +310,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
             tables.append(table)
 
         if "test" in result["splits"]:
-            result["stage2_vs_stage1"] = stage2_worth(result["splits"]["test"], training_seconds(layout),
+            result[WORTH_KEY] = stage2_worth(result["splits"]["test"], training_seconds(layout),
                                                       run_labels(run_dir), cfg.stage2_min_gain, cfg.stage2_alpha)
         sessions = pd.concat(tables).reset_index()
         write_table(pa.Table.from_pandas(sessions, preserve_index=False), outputs.path("session_metrics.parquet"))
