@@ -6,6 +6,7 @@ from typing import Any
 
 from memprune.dialogue.scoring import METRICS
 from memprune.memory.report import delta_cell, value_cell
+from memprune.prune.config import rule_label
 
 LABELS = {"none": "No memory", "all": "All memory", "retrieval": "Retrieval", "pruned": "Pruned memory"}
 METRIC_NAMES = {"bleu": "BLEU", "rouge_l": "ROUGE-L", "bertscore_f1": "BERTScore F1", "mauve": "MAUVE"}
@@ -19,7 +20,7 @@ def condition_label(condition: str, summary: dict[str, Any]) -> str:
         return f"Retrieval (top-{k}, LD-Agent-style)" if k != "pruned" else "Retrieval (k = pruned count)"
     if condition == "pruned" and (summary.get("pruned") or {}).get("rule"):
         rule = summary["pruned"]["rule"]
-        return f"Pruned memory ({rule.get('label') or rule.get('name')})"
+        return f"Pruned memory ({rule_label(rule)})"
     return LABELS[condition]
 
 

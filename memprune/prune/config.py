@@ -67,6 +67,8 @@ class PruneRule(ConfigModel):
         named = sorted({o for o in owners.values() if o is not None and o != "rule"})
         name = given or (named[0] if len(named) == 1 else "rule")
         model = policy_of(name)
+        for k in [k for k, o in owners.items() if o is not None and k not in model.model_fields and data[k] is None]:
+            del data[k], owners[k]  # another policy's setting given as null (as older prune.json files record it)
         stray = [k for k, o in owners.items() if o is not None and k not in model.model_fields]
         if stray:
             raise ValueError(f"{stray[0]} is a setting of policy {owners[stray[0]]!r}, but the policy is {name!r}")
@@ -123,6 +125,17 @@ class PruneRule(ConfigModel):
     def variants(self, top_ks: list[int]) -> list["PruneRule"]:
         """The rules prune.json reports: this one first, then its policy's sweep."""
         return [self, *(self.with_policy(p) for p in self.policy.sweep(top_ks)[1:])]
+
+
+def rule_label(recorded: dict[str, Any]) -> str:
+    """The label of a rule as a prune.json records it (its `label`; older files: rebuilt from its fields)."""
+    if recorded.get("label"):
+        return str(recorded["label"])
+    fields = {k: v for k, v in recorded.items() if k not in ("name", "label", "description", "keys", "ties")}
+    try:
+        return PruneRule.of(**fields).label
+    except PruneError:
+        return str(recorded.get("name") or "rule")
 
 
 class ScoringRuntime(ConfigModel):

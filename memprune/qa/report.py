@@ -8,6 +8,7 @@ from typing import Any
 from memprune.figures import new_figure, save_png
 from memprune.markdown import fmt, table
 from memprune.memory.report import delta_cell, value_cell
+from memprune.prune.config import rule_label
 from memprune.qa.scoring import ANSWERABLE, OVERALL
 
 METRIC_NAMES = {"f1": "F1", "bleu1": "BLEU-1", "judge": "J (judge)"}
@@ -20,7 +21,7 @@ def condition_label(condition: str, summary: dict[str, Any]) -> str:
     memory = summary["memory"]
     if condition == "pruned" and (summary.get("pruned") or {}).get("rule"):
         rule = summary["pruned"]["rule"]
-        return f"Pruned memory ({rule.get('label') or rule.get('name')})"
+        return f"Pruned memory ({rule_label(rule)})"
     if condition == "retrieval" and memory.get("retrieval"):
         k = memory["retrieval"]["k"]
         return {"pruned": "Retrieval (k = pruned count)", "pruned_tokens": "Retrieval (pruned token budget)"}.get(
