@@ -53,6 +53,7 @@ def test_split_args() -> None:
     assert split_args([]) == (None, [])
 
 
+@pytest.mark.slow
 def test_ingest_job_entrypoint(msc_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(REPO / "jobs" / "ingest.py"), str(REPO / "configs" / "ingest-msc.yaml"),

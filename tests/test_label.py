@@ -173,6 +173,7 @@ def _label_cmd(data: Path, out: Path) -> list[str]:
             "--judge", "similarity", "--shard-size", "16", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_rerun_is_byte_identical(small_msc: Path, tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     # uninterrupted reference, through the Ray job entrypoint with the same settings

@@ -430,6 +430,7 @@ def test_mixed_label_tables_weights_and_conflict_rule(tmp_path: Path):
         TrainConfig(data=data, labels=[judge], out=tmp_path / "o", label_weights={"gold": 2.0})
 
 
+@pytest.mark.slow
 def test_kfold_training_never_predicts_a_conversation_from_its_own_labels(
         ray_local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import memprune.train as T

@@ -114,6 +114,7 @@ def decisions(ray_local, scorer_dir, mem0_store, tmp_path_factory) -> dict[str, 
     return out
 
 
+@pytest.mark.slow
 def test_same_decisions_from_mem0_lance_and_parquet(decisions, mem0_store) -> None:
     _, export = mem0_store
     tables = {k: t.sort_by("id") for k, (_, t) in decisions.items()}
@@ -129,6 +130,7 @@ def test_same_decisions_from_mem0_lance_and_parquet(decisions, mem0_store) -> No
         assert sum(1 for g, k in zip(base.column("group").to_pylist(), base.column("keep").to_pylist()) if g == user and k) <= 2
 
 
+@pytest.mark.slow
 def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_store, scorer_dir) -> None:
     config, _ = mem0_store
     out, decision = decisions["mem0"]
@@ -180,6 +182,7 @@ def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_s
     assert hits and "cat" in hits[0]["memory"]
 
 
+@pytest.mark.slow
 def test_apply_refuses_a_changed_store_and_changes_nothing(decisions) -> None:
     import lance
 
@@ -257,6 +260,7 @@ def test_score_writes_scores_into_a_jsonl_table(ray_local, scorer_dir, tmp_path)
     assert dup.read_text() == "mid,memory,user\na,x,u\na,y,u\n"
 
 
+@pytest.mark.slow
 def test_lance_delete_and_restore_and_table_flag(decisions) -> None:
     import lance
 
@@ -287,6 +291,7 @@ def test_lance_delete_and_restore_and_table_flag(decisions) -> None:
     assert lance.dataset(lpath).to_table().sort_by("id").to_pylist() == rows_before  # every column of every row
 
 
+@pytest.mark.slow
 def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, mem0_store, scorer_dir, tmp_path) -> None:
     """`--apply-flag`: each decided record gets memprune_keep/memprune_score; its other fields stay as they were."""
     import lance
@@ -370,6 +375,7 @@ def test_store_requests_that_would_harm_the_store_are_refused_up_front(scorer_di
     assert not (tmp_path / "o").exists() and not (tmp_path / "s3:").exists()
 
 
+@pytest.mark.slow
 def test_a_bullets_archive_restores_from_a_fresh_interpreter(ray_local, scorer_dir, msc_small, tmp_path) -> None:
     """`memprune.archive.restore` finds the bullets restorer without `memprune.prune` imported first."""
     out = tmp_path / "p"
@@ -387,6 +393,7 @@ def test_a_bullets_archive_restores_from_a_fresh_interpreter(ray_local, scorer_d
     assert pq.read_table(out / "kept").num_rows == pq.read_table(msc_small / "bullets.parquet").num_rows
 
 
+@pytest.mark.slow
 def test_a_ray_that_cannot_start_is_one_line(scorer_dir, msc_small, tmp_path) -> None:
     """A local Ray that fails to start (its temp dir cannot be made): one error line, no traceback."""
     (tmp_path / "a-file").write_text("")

@@ -191,6 +191,7 @@ def local_run(corpus: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
     return out
 
 
+@pytest.mark.slow
 def test_local_mode_writes_every_artifact(local_run: Path, corpus: tuple[Path, Path]) -> None:
     run = json.loads((local_run / "run.json").read_text())
     assert run["stages"] == ["vanilla", "stage1", "stage2"] and run["seeds"] == [0]
@@ -215,6 +216,7 @@ def test_local_mode_writes_every_artifact(local_run: Path, corpus: tuple[Path, P
     assert s1["val_mse"] < v["val_mse"]  # training on the labels beats the untrained head
 
 
+@pytest.mark.slow
 def test_trained_stages_write_calibration_and_scorer_loads_it(local_run: Path, corpus: tuple[Path, Path]) -> None:
     from memprune.calibration import METHODS, read_calibration
     from memprune.scorer import ScorerError
@@ -248,6 +250,7 @@ def test_trained_stages_write_calibration_and_scorer_loads_it(local_run: Path, c
         Scorer.load(vanilla).score(["a bullet"], calibrated=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["vanilla", "stage1", "stage2"])
 def test_scorer_load_reproduces_predictions(local_run: Path, corpus: tuple[Path, Path], stage: str) -> None:
     pred = pq.read_table(local_run / stage / "seed0" / "predictions.parquet").slice(0, 12)
@@ -259,6 +262,7 @@ def test_scorer_load_reproduces_predictions(local_run: Path, corpus: tuple[Path,
     assert np.allclose(scores, pred.column("score").to_numpy(), atol=atol)
 
 
+@pytest.mark.slow
 def test_fixed_seed_is_deterministic_and_reruns_are_reused(
     local_run: Path, corpus: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -278,6 +282,7 @@ def test_fixed_seed_is_deterministic_and_reruns_are_reused(
 # ----------------------------------------------------------------- the real Ray Train path
 
 
+@pytest.mark.slow
 def test_ray_train_runs_every_stage1_seed_in_one_run_and_resumes_after_a_kill(
     local_run: Path, corpus: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -323,6 +328,7 @@ def test_ray_train_runs_every_stage1_seed_in_one_run_and_resumes_after_a_kill(
     assert a.equals(pq.read_table(out / "stage1" / "seed1" / "predictions.parquet").column("score"))
 
 
+@pytest.mark.slow
 def test_cli_train_and_its_errors(local_run: Path, corpus: tuple[Path, Path], tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
@@ -345,6 +351,7 @@ def test_cli_train_and_its_errors(local_run: Path, corpus: tuple[Path, Path], tm
     assert bad.exit_code == 2 and "stage1.lr:" in squeeze(bad.output)
 
 
+@pytest.mark.slow
 def test_stage2_learns_under_real_ray_train_workers(local_run: Path, corpus: tuple[Path, Path],
                                                     tmp_path: Path) -> None:
     """Stage 2 changes its LoRA adapters (peft initialises lora_B to zero) and lowers the validation loss over

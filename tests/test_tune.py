@@ -52,6 +52,7 @@ def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TuneConfig:
     return TuneConfig.model_validate(base)
 
 
+@pytest.mark.slow
 def test_tune_searches_both_stages_and_stops_a_bad_trial(corpus: tuple[Path, Path], tmp_path: Path,
                                                          ray_local: Any) -> None:
     out = tmp_path / "tune"
