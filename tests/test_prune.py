@@ -249,7 +249,7 @@ def test_shuffle_path_for_interleaved_groups(ray_local, scorer_dir, store, corpu
         assert rows == sorted(rows)
 
 
-def test_nan_scores_fail_the_job_loudly(ray_local, scorer_dir, store, tmp_path, minilm_path):
+def test_nan_scores_fail_the_job_loudly(ray_local, scorer_dir, store, streamed, tmp_path, minilm_path):
     from safetensors.torch import load_file, save_file
 
     broken = tmp_path / "nan-scorer"
@@ -259,7 +259,7 @@ def test_nan_scores_fail_the_job_loudly(ray_local, scorer_dir, store, tmp_path, 
     head = {k: v.clone().fill_(float("nan")) if k.endswith("bias") else v for k, v in head.items()}
     save_file(head, str(broken / "head.safetensors"))
     # The failed run goes over an earlier prune's outputs: it must leave them whole (and write nothing of its own).
-    _job(scorer_dir, store, tmp_path / "out", actors=1)
+    shutil.copytree(streamed[0], tmp_path / "out")
     files = sorted((tmp_path / "out").rglob("*"))
     before = [(str(f.relative_to(tmp_path / "out")), f.read_bytes() if f.is_file() else None) for f in files]
     with pytest.raises(PruneError, match=r"non-finite score.*first for bullet"):

@@ -96,21 +96,34 @@ TINY_TRAIN = ["train.stages=[vanilla,stage1]", "train.seeds=[0]", "train.max_len
               "train.ray.num_workers=0", "train.embed.actors=1"]
 
 
-def submit(address: str, env: dict, job_id: str, *args: str) -> None:
-    """`ray job submit --working-dir REPO -- python jobs/...`, waiting for it; it must succeed."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
+def submit(address: str, env: dict, job_id: str, *args: str, wait: bool = True) -> None:
+    """`ray job submit --working-dir REPO -- python jobs/...`; waiting for it, it must succeed (`finish`)."""
     proc = subprocess.run(
         [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
-         "--runtime-env-json", json.dumps(RUNTIME_ENV), "--submission-id", job_id, "--", "python", *args],
+         "--runtime-env-json", json.dumps(RUNTIME_ENV), "--submission-id", job_id, *([] if wait else ["--no-wait"]),
+         "--", "python", *args],
         capture_output=True, text=True, env=env, timeout=480,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert JobSubmissionClient(address).get_job_status(job_id) == JobStatus.SUCCEEDED
+    if wait:
+        finish(address, job_id)
+
+
+def finish(address: str, job_id: str, timeout: float = 480) -> None:
+    """Wait for a submitted job; it must end SUCCEEDED (else its log's tail is the failure)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    deadline = time.monotonic() + timeout
+    while (status := client.get_job_status(job_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
+        assert time.monotonic() < deadline, f"{job_id} still {status} after {timeout:.0f} s"
+        time.sleep(1)
+    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
 
 
 def test_jobs_submitted_to_a_real_cluster(ray_head, tmp_path: Path) -> None:
-    """jobs/pipeline.py, then jobs/label.py, jobs/train.py and jobs/prune.py on its corpus, on one real cluster."""
+    """jobs/pipeline.py, then jobs/label.py, jobs/train.py and jobs/prune.py on its corpus, labels and scorer (the
+    three submitted at once, as users queue jobs on a cluster), on one real cluster."""
     address, env = ray_head
     run = tmp_path / "pipeline"
     submit(address, env, "memprune-pipeline-test", "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={run}",
@@ -120,23 +133,27 @@ def test_jobs_submitted_to_a_real_cluster(ray_head, tmp_path: Path) -> None:
                                                                               "prune"}
     data = run / "data"
 
-    labels = tmp_path / "labels"
-    submit(address, env, "memprune-label-test", "jobs/label.py", "configs/label-similarity.yaml", f"data={data}",
-           f"out={labels}", "shard_size=64", "progress=false")
+    labels, train, pruned = tmp_path / "labels", tmp_path / "train", tmp_path / "pruned"
+    jobs = {
+        "memprune-label-test": ["jobs/label.py", "configs/label-similarity.yaml", f"data={data}", f"out={labels}",
+                                "shard_size=64", "progress=false"],
+        "memprune-train-test": ["jobs/train.py", "configs/train-local.yaml", f"data={data}", f"labels={run / 'label'}",
+                                f"out={train}", *(a.removeprefix("train.") for a in TINY_TRAIN)],
+        "memprune-prune-test": ["jobs/prune.py", "configs/prune-local.yaml",
+                                f"scorer={run / 'train' / 'stage1' / 'seed0'}", f"input={data}", f"out={pruned}",
+                                "progress=false"],
+    }
+    for job_id, args in jobs.items():
+        submit(address, env, job_id, *args, wait=False)
+    for job_id in jobs:
+        finish(address, job_id)
+
     table = pq.read_table(labels / "labels.parquet")
     bullets = pq.read_table(data / "bullets.parquet").to_pylist()
     last = max(b["session_index"] for b in bullets)
     assert table.num_rows == sum(1 for b in bullets if b["session_index"] < last)
     assert all(0.0 <= x <= 1.0 for x in table.column("label").to_pylist())
     assert json.loads((labels / "label.json").read_text())["judge"].startswith("similarity")
-
-    train = tmp_path / "train"
-    submit(address, env, "memprune-train-test", "jobs/train.py", "configs/train-local.yaml", f"data={data}",
-           f"labels={labels}", f"out={train}", *(a.removeprefix("train.") for a in TINY_TRAIN))
     assert (train / "stage1" / "seed0" / "head.safetensors").is_file() and not (train / "eval").exists()
-
-    pruned = tmp_path / "pruned"
-    submit(address, env, "memprune-prune-test", "jobs/prune.py", "configs/prune-local.yaml",
-           f"scorer={train / 'stage1' / 'seed0'}", f"input={data}", f"out={pruned}", "progress=false")
     summary = json.loads((pruned / "prune.json").read_text())
     assert summary["input"]["rows"] == summary["output"]["rows"] == len(bullets)

@@ -40,7 +40,7 @@ def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TuneConfig:
         "embed": {"batch_size": 64, "actors": 1}, "ray": {"num_workers": 1, "use_gpu": False},
     }
     base: dict[str, Any] = {
-        "data": data, "labels": labels, "out": out, "train": train, "max_concurrent": 1,
+        "data": data, "labels": labels, "out": out, "train": train, "max_concurrent": 2,
         "stage1_space": {"stage1.lr": [3e-3, 1e-2]}, "stage1_trials": 1,
         "stage2_space": {"stage2.lr": [3e-3], "loss.rank_weight": [0.0, 0.5],
                          "stage2.lora.target_modules": [["query", "value"]]}, "stage2_trials": 3,
@@ -126,7 +126,7 @@ def test_a_failed_trial_is_recorded_as_its_cause_in_one_line() -> None:
 
 
 def _search_yaml(data: Path, labels: Path, out: Path, marker: Path) -> str:
-    """A stage-1-only search of three trials; the first trial's worker is SIGKILLed in its second epoch and its
+    """A stage-1-only search of two trials; the first trial's worker is SIGKILLed in its second epoch and its
     Ray Train run may not retry (`ray.max_failures: 0`), so that trial fails as a trial does when a node dies."""
     return yaml.safe_dump({
         "data": str(data), "labels": [str(labels)], "out": str(out), "max_concurrent": 1,
@@ -153,19 +153,19 @@ def test_tune_cli_records_a_failed_trial_goes_on_and_a_job_rerun_reuses_the_fini
     out, marker = tmp_path / "tune", tmp_path / "killed.txt"
     config = tmp_path / "tune.yaml"
     config.write_text(_search_yaml(*corpus, out, marker))
-    res = CliRunner().invoke(app, ["tune", "--config", str(config), "--stage1-trials", "3"])
+    res = CliRunner().invoke(app, ["tune", "--config", str(config), "--stage1-trials", "2"])
     assert res.exit_code == 0, res.output
     assert marker.is_file()  # the fault fired: one trial's worker was killed
     first = json.loads((out / "tune.json").read_text())
     s1 = first["stage1_trials"]
-    assert len(s1) == 3 and len({r["settings"]["stage1.lr"] for r in s1}) == 3
+    assert len(s1) == 2 and len({r["settings"]["stage1.lr"] for r in s1}) == 2
     failed = [r for r in s1 if r["status"] == "error"]
     done = [r for r in s1 if r["status"] == "completed"]
     # the base point runs first and is the one killed: one clear recorded error; the search went on
     assert len(failed) == 1 and failed[0]["settings"]["stage1.lr"] == 3e-3, [(r["status"], r["error"]) for r in s1]
     err = failed[0]["error"]  # the cause, in one line: not Ray's coloured wrapper header
     assert re.match(r"\w+(Error|Exception): \S", err) and "\n" not in err and "\x1b" not in err and "ray::" not in err
-    assert len(done) == 2 and all(r["metric"] is not None and not r["reused"] for r in done)
+    assert len(done) == 1 and all(r["metric"] is not None and not r["reused"] for r in done)
     best = max(done, key=lambda r: r["metric"])  # the failed trial's last epoch reported a metric too: never chosen
     assert first["stage1_chosen"]["metric"] is not None and first["best_stage2"] is None
     tuned = yaml.safe_load((out / "train-tuned.yaml").read_text())
@@ -177,7 +177,7 @@ def test_tune_cli_records_a_failed_trial_goes_on_and_a_job_rerun_reuses_the_fini
     log = tmp_path / "job.log"
     with open(log, "wb") as fh:
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "jobs" / "tune.py"),
-                               str(config), "stage1_trials=3"], stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+                               str(config), "stage1_trials=2"], stdout=fh, stderr=subprocess.STDOUT, timeout=600)
     assert proc.returncode == 0, log.read_text()[-3000:]
     again = json.loads((out / "tune.json").read_text())
     by_lr = {r["settings"]["stage1.lr"]: r for r in again["stage1_trials"]}
