@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
@@ -271,14 +272,36 @@ URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # s3://b/x, and s3:/b/x as a Pa
 
 
 def check_out(out: str | os.PathLike[str], step: str) -> Path:
-    """`out` as a Path, refused up front (before any work) when it is a URI, or exists and is not a directory."""
+    """`out` as a Path, refused up front (before any work) when it is a URI, or exists and is not a directory.
+
+    The steps that write object storage check their `out` with `check_out_location` instead."""
     if URI.match(str(out)):
-        raise MemPruneError(f"--out {out}: object-storage outputs (URIs) are not supported by the {step} step here; "
+        raise MemPruneError(f"--out {out}: object-storage outputs (URIs) are not supported by the {step} step yet; "
                             "give a local directory or a shared filesystem path")
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise MemPruneError(f"{p}: is a file; the {step} output directory (--out) must be a directory")
     return p
+
+
+def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
+    """`out` (a local directory or a storage URI) as a `memprune.storage.Location`, checked before any work: a local
+    one as `check_out` does; a URI's bucket must exist, and a prefix holding files must be a memprune output."""
+    from memprune.storage import location
+
+    loc = location(out, "--out")
+    if loc.local:
+        check_out(loc.path, step)
+        return loc
+    loc.check_reachable()
+    if loc.is_file():
+        raise MemPruneError(f"--out {loc}: is an object, not a prefix; the {step} output must be a prefix")
+    files = loc.files()
+    if files and MARKER not in files and not all(n.startswith(".staging-") for n in files):
+        first = sorted(files)[0]
+        raise MemPruneError(f"--out {loc}: holds {len(files)} object(s) (e.g. {first}) but no {MARKER}: not a memprune "
+                            "output; give an empty or new prefix")
+    return loc
 
 
 def check_out_outside(out: Path, location: str, what: str) -> None:
@@ -299,14 +322,33 @@ class OutputSet:
     they are moved into `out` and the marker `out/.memprune.json` records the step and each file's
     size. A failure before that leaves the previous outputs untouched; a crash during the moves
     leaves the marker in the state `committing`, which readers refuse (`check_committed`).
+
+    `out` may be a storage URI, where there is no rename: the driver's small files are staged in a
+    local temporary directory (`path(name)`), the workers write big tables to a unique staging
+    prefix inside `out` (`target(name)`); the commit then marks the set `committing`, copies every
+    output to its final name (server-side), removes the staging prefix and marks it `done` with the
+    sizes, so a reader accepts a set only once every file of it is in place. A crashed run's staging
+    prefix is removed by the next run into `out`.
     """
 
     def __init__(self, out: str | os.PathLike[str], step: str) -> None:
-        self.out = Path(out)
+        from memprune.storage import location
+
+        self.loc = location(out, "--out")
+        self.remote = not self.loc.local
+        self.out = Path(str(out).removeprefix("file://")) if not self.remote else Path(tempfile.mkdtemp(prefix="memprune-out-"))
         self.step = step
         self.staging = self.out / temp_name("staging")
+        self.remote_staging = self.loc / f".staging-{uuid.uuid4().hex[:12]}" if self.remote else None
 
     def __enter__(self) -> "OutputSet":
+        if self.remote:
+            check_out_location(self.loc.uri, self.step)
+            for name in {n.split("/", 1)[0] for n in self.loc.files()}:  # what crashed runs left
+                if name.startswith(".staging-"):
+                    (self.loc / name).delete()
+            self.staging.mkdir()
+            return self
         check_out(self.out, self.step)
         self._created = next((p for p in reversed([self.out, *self.out.parents]) if not p.exists()), None)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -315,10 +357,30 @@ class OutputSet:
         return self
 
     def path(self, name: str) -> Path:
-        """Where to write output `name` (a file or a directory) during the run."""
+        """Where to write output `name` (a file or a directory) on this machine during the run."""
         return self.staging / name
 
+    def target(self, name: str) -> Any:
+        """Where workers write output `name` (a `Location`): the staging dir, or the staging prefix for a URI."""
+        from memprune.storage import location
+
+        return self.remote_staging / name if self.remote_staging is not None else location(self.staging / name)
+
+    def final(self, name: str) -> str:
+        """Where output `name` is once committed, as the user should see it (a path or a URI)."""
+        return str(self.loc / name) if self.remote else str(self.out / name)
+
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.remote:
+            try:
+                if exc_type is None:
+                    self._commit_remote()
+            finally:
+                shutil.rmtree(self.out, ignore_errors=True)
+                if exc_type is not None and self.remote_staging is not None:
+                    with contextlib.suppress(MemPruneError):
+                        self.remote_staging.delete()
+            return
         if exc_type is not None:  # nothing is committed; a directory this run created is removed again if empty
             shutil.rmtree(self.staging, ignore_errors=True)
             if self._created is not None and not any(f.is_file() for f in self._created.rglob("*")):
@@ -340,6 +402,26 @@ class OutputSet:
         write_json(self.out / MARKER, {"step": self.step, "state": "done", "files": sizes,
                                        "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
 
+    def _commit_remote(self) -> None:
+        from memprune.storage import location
+
+        assert self.remote_staging is not None
+        staged = {n.split("/", 1)[0] for n in self.remote_staging.files()}
+        here = {p.name for p in self.staging.iterdir()}
+        names = sorted(staged | here)
+        marker = self.loc / MARKER
+        marker.write_text(json.dumps({"step": self.step, "state": "committing", "files": names}, indent=2))
+        for name in names:
+            (self.loc / name).delete()
+            source = self.remote_staging / name if name in staged else location(self.staging / name)
+            source.copy_to(self.loc / name)
+        self.remote_staging.delete()
+        listing = self.loc.files()
+        sizes = {n: sum(s for f, s in listing.items() if f == n or f.startswith(n + "/")) for n in names}
+        marker.write_text(json.dumps({"step": self.step, "state": "done", "files": sizes,
+                                      "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")},
+                                     indent=2))
+
 
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
@@ -348,9 +430,15 @@ def _size(path: Path) -> int:
 def check_committed(path: str | os.PathLike[str]) -> None:
     """Refuse to read an output that a memprune step did not finish writing (see `OutputSet`).
 
-    Without a marker beside it the file is someone else's data and is read as it is.
+    Without a marker beside it the file is someone else's data and is read as it is. `path` may be a URI.
     """
-    p = Path(path)
+    from memprune.storage import location
+
+    loc = location(path)
+    if not loc.local:
+        _check_committed_remote(loc)
+        return
+    p = Path(str(path).removeprefix("file://"))
     marker = p.parent / MARKER
     if not marker.is_file():
         return
@@ -358,11 +446,28 @@ def check_committed(path: str | os.PathLike[str]) -> None:
         info = json.loads(marker.read_text(encoding="utf-8"))
     except (ValueError, OSError):
         raise SchemaError(f"{marker}: unreadable output marker; rerun the step that writes {p.parent}") from None
+    _check_marker(info, str(p.parent), str(marker), p.name, _size(p) if p.exists() else None)
+
+
+def _check_committed_remote(loc: Any) -> None:
+    marker = loc.parent / MARKER
+    if not marker.is_file():
+        return
+    try:
+        info = json.loads(marker.read_text())
+    except ValueError:
+        raise SchemaError(f"{marker}: unreadable output marker; rerun the step that writes {loc.parent}") from None
+    listing = loc.parent.files()
+    size = sum(s for f, s in listing.items() if f == loc.name or f.startswith(loc.name + "/"))
+    _check_marker(info, str(loc.parent), str(marker), loc.name, size if loc.exists() else None)
+
+
+def _check_marker(info: dict[str, Any], parent: str, marker: str, name: str, size: int | None) -> None:
     step = info.get("step", "a memprune")
     if info.get("state") != "done":
-        raise SchemaError(f"{p.parent}: the {step} run that writes this directory did not finish (interrupted while "
+        raise SchemaError(f"{parent}: the {step} run that writes this directory did not finish (interrupted while "
                           f"committing its outputs); rerun it")
     files = info.get("files") or {}
-    if p.name in files and p.exists() and _size(p) != files[p.name]:
-        raise SchemaError(f"{p}: changed since the {step} run wrote it ({_size(p)} bytes, recorded {files[p.name]}); "
-                          f"rerun the step, or delete {marker} to use the directory as your own data")
+    if name in files and size is not None and size != files[name]:
+        raise SchemaError(f"{parent}/{name}: changed since the {step} run wrote it ({size} bytes, recorded "
+                          f"{files[name]}); rerun the step, or delete {marker} to use the directory as your own data")

@@ -24,6 +24,7 @@ from memprune import stages as registry
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
 from memprune.evaluate.config import EvalSettings
 from memprune.io import write_json
+from memprune.storage import is_uri
 from memprune.label.config import LabelSettings
 from memprune.prune.config import PruneRule, PruneSettings
 from memprune.synth.config import SynthSettings
@@ -104,10 +105,6 @@ def _with_rule(model: type[S], settings: S, rule: PruneRule, step: str) -> S:
         problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise ValueError(f"the {step} step cannot use the pipeline's rule: {problems}"
                          + (" (or leave evaluate out of steps)" if step == "evaluate" else "")) from exc
-
-
-def is_uri(path: str) -> bool:
-    return "://" in path
 
 
 def _upload(local: Path, uri: str) -> None:

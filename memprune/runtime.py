@@ -129,6 +129,62 @@ def ensure_ray(address: str | None = None) -> None:
         _log_cluster_messages()
 
 
+class PathNotVisibleError(MemPruneError):
+    """A local path the job needs is not the same on every node of the cluster."""
+
+
+def _probe(path: str, size: int | None) -> bool:
+    """On one node: is `path` there (a file of `size` bytes, or a directory)?"""
+    p = Path(path)
+    return p.is_dir() if size is None else (p.is_file() and p.stat().st_size == size)
+
+
+def check_paths_visible(paths: Mapping[str, str | os.PathLike[str] | None]) -> None:
+    """On a multi-node cluster, refuse (one line, before any work) a local path that some node cannot see.
+
+    `paths`: what the user called it (`--input`) -> the path. A URI, and every path on a one-node
+    instance, passes. An existing path must be on every node (a file with the same size); for one that
+    does not exist yet (an output) the driver writes a probe file into its nearest existing parent
+    and every node must see it. One tiny task per alive node looks.
+    """
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from memprune.storage import location
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) < 2:
+        return
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe)
+    for what, value in paths.items():
+        if value is None or not location(value).local:
+            continue
+        target = Path(location(value).path).resolve()
+        made = None
+        if target.exists():
+            check, size = target, (None if target.is_dir() else target.stat().st_size)
+        else:
+            parent = next(p for p in target.parents if p.exists())
+            made = parent / f".memprune-probe-{uuid.uuid4().hex[:12]}"
+            made.write_text("probe\n")
+            check, size = made, made.stat().st_size
+        try:
+            seen = ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                            .remote(str(check), size) for n in nodes], timeout=120)
+        finally:
+            if made is not None:
+                made.unlink(missing_ok=True)
+        blind = [n for n, ok in zip(nodes, seen) if not ok]
+        if blind:
+            node = blind[0]
+            raise PathNotVisibleError(
+                f"{what} {value}: not visible from node {node.get('NodeManagerAddress')} "
+                f"({node['NodeID'][:12]}; {len(blind)} of {len(nodes)} nodes): on a cluster whose nodes have their "
+                "own disks give a URI (s3://..., gs://...) or a path on a filesystem every node mounts")
+
+
 def local_ray_options() -> dict[str, Any]:
     """`ray.init` options of a new local instance: its own dashboard, and its processes pointed at it.
 

@@ -120,9 +120,19 @@ def build_head(dim: int, settings: HeadSettings, seed: int) -> Head:
         return Head(dim, settings)
 
 
+def artifact_path(path: str | os.PathLike[str]) -> Path:
+    """An artifact directory on this node: the path itself, or (a URI) this node's cached copy of it."""
+    from memprune.storage import StorageError, fetch_dir
+
+    try:
+        return fetch_dir(path, "scorer artifact")
+    except StorageError as exc:
+        raise ScorerError(str(exc)) from None
+
+
 def read_scorer_config(path: str | os.PathLike[str]) -> ScorerConfig:
     """The `ScorerConfig` of an artifact directory (its scorer.json), checked; no weights are loaded."""
-    path = Path(path)
+    path = artifact_path(path)
     cfg_path = path / "scorer.json"
     if not cfg_path.is_file():
         raise ScorerError(f"{path}: not a scorer artifact (no scorer.json)")
@@ -153,7 +163,7 @@ def check_artifact(path: str | os.PathLike[str]) -> ScorerConfig:
 
     The driver of a Ray job calls this before any worker starts, so a broken artifact is one error line.
     """
-    path = Path(path)
+    path = artifact_path(path)
     config = read_scorer_config(path)
     head = read_weights(path / "head.safetensors")
     if config.lora is not None:
@@ -172,7 +182,7 @@ def check_artifact(path: str | os.PathLike[str]) -> ScorerConfig:
 def load_calibration(path: str | os.PathLike[str]) -> Calibration | None:
     """The artifact's calibration (None without calibration.json); a broken one is a `ScorerError` naming it."""
     try:
-        return read_calibration(path)
+        return read_calibration(artifact_path(path))
     except CalibrationError as exc:
         raise ScorerError(str(exc)) from exc
 
@@ -372,8 +382,8 @@ class Scorer(nn.Module):
     def load(cls, path: str | os.PathLike[str], device: str | torch.device | None = None,
              precision: Precision = DEFAULT_PRECISION) -> "Scorer":
         """Load a saved scorer (any stage) from its artifact directory; safetensors and JSON only.
-        `precision` is that of its forward passes (weights stay fp32)."""
-        path = Path(path)
+        `precision` is that of its forward passes (weights stay fp32); `path` may be a URI (fetched once per node)."""
+        path = artifact_path(path)
         config = read_scorer_config(path)
         head_weights = read_weights(path / "head.safetensors")
         adapter_file = path / "adapter" / "adapter_model.safetensors"

@@ -1,8 +1,14 @@
-"""Shared test fixtures: offline settings, the real MSC data, the offline encoder, local Ray."""
+"""Shared test fixtures: offline settings, the real MSC data, the offline encoder, local Ray, a real S3 server."""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -12,6 +18,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# The S3 server of the `s3` fixture (moto's standalone server on loopback). Its endpoint and test credentials are
+# in the environment before any Ray starts, so every worker reaches it as a cluster node reaches real S3.
+S3_PORT = _free_port()
+os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}", AWS_ACCESS_KEY_ID="memprune-test",
+                  AWS_SECRET_ACCESS_KEY="memprune-test", AWS_DEFAULT_REGION="us-east-1")
+os.environ.pop("AWS_PROFILE", None)
+os.environ.setdefault("MEMPRUNE_CACHE_DIR", tempfile.mkdtemp(prefix="memprune-test-cache-"))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -75,6 +96,55 @@ def tiny_llm(tmp_path_factory) -> str:
     from tiny_llm import build_tiny_llm
 
     return str(build_tiny_llm(tmp_path_factory.mktemp("tiny-llm")))
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's standalone S3 server on 127.0.0.1 (a real HTTP S3 endpoint); yields its endpoint URL."""
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    log = open(Path(tempfile.gettempdir()) / f"memprune-moto-{S3_PORT}.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(S3_PORT)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(endpoint, timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"moto_server did not start on {endpoint} (see {log.name})")
+            time.sleep(0.2)
+    yield endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
+
+
+@pytest.fixture()
+def bucket(s3_server, request) -> str:
+    """A new, empty bucket on the S3 server; yields `s3://NAME`."""
+    import re
+    import uuid
+
+    from pyarrow import fs
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:8]
+    s3 = fs.S3FileSystem(endpoint_override=s3_server, allow_bucket_creation=True, allow_bucket_deletion=True)
+    s3.create_dir(name)
+    yield f"s3://{name}"
+
+
+def upload(local: Path, uri: str) -> str:
+    """Copy a local file or directory to `uri`; returns `uri`."""
+    from pyarrow import fs
+
+    target, path = fs.FileSystem.from_uri(uri)
+    if local.is_file():
+        with target.open_output_stream(path) as fh:
+            fh.write(local.read_bytes())
+    else:
+        fs.copy_files(str(local), path, source_filesystem=fs.LocalFileSystem(), destination_filesystem=target)
+    return uri
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memprune"
 # The floors, bottom first (docs/architecture.md). A package imports its own modules and lower floors only;
 # the floor's modules (shared machinery, no method logic) may import each other, without circles.
 FLOORS = [
-    {"", "errors", "schema", "config", "io", "work", "rejects", "markdown", "figures", "timing", "precision",
+    {"", "errors", "schema", "config", "storage", "io", "work", "rejects", "markdown", "figures", "timing", "precision",
      "runtime", "archive", "calibration", "encoders", "tokens", "stages"},
     {"adapters", "synth", "llm", "scorer"},
     {"ingest", "label", "prune", "memory"},

@@ -190,6 +190,7 @@ def test_prune_json_records_the_precision_that_ran(streamed):
     assert summary["resources"]["precision_requested"] == "auto" and summary["resources"]["precision"] == "fp32"
 
 
+@pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_batch_job_prunes_on_calibrated_scores_where_available(ray_local, calibrated_dir, scorer_dir, store,
                                                               corpus, tmp_path):
     out = tmp_path / "calibrated"
@@ -227,6 +228,7 @@ def test_memory_pruner_raw_vs_calibrated(calibrated_dir, scorer_dir, corpus):
         MemoryPruner(plain.scorer, score="calibrated")
 
 
+@pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_shuffle_path_for_interleaved_groups(ray_local, scorer_dir, store, corpus, pruner, tmp_path):
     """group_by speaker: a speaker's bullets interleave across sessions, so the job must shuffle."""
     summary = _job(scorer_dir, store, tmp_path, group_by="speaker", actors=1)

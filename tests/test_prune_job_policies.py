@@ -57,6 +57,7 @@ def test_budget_dry_run_matches_memory_pruner_and_writes_no_store(ray_local, sco
     assert "over_budget" in (tmp_path / "prune.md").read_text()
 
 
+@pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_fraction_shuffle_split_then_restore_gives_back_the_input(ray_local, scorer_dir, corpus_dir, corpus, tmp_path):
     from memprune.cli import app
 

@@ -232,6 +232,7 @@ def test_normal_form_accepts_every_string_type_and_counts_rejects() -> None:
     assert parse_map("id=a, text=b") == {"id": "a", "text": "b"}
 
 
+@pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_score_writes_scores_into_a_jsonl_table(ray_local, scorer_dir, tmp_path) -> None:
     store = tmp_path / "mem.jsonl"
     texts = ["Eve keeps bees.", "ok", "Eve speaks Welsh.", None]
@@ -325,6 +326,7 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
                     {k: v for k, v in before[i].items() if not k.startswith("memprune_")}
 
 
+@pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_csv_store_apply_and_restore_keep_every_byte(ray_local, scorer_dir, tmp_path) -> None:
     """The issue's reproduction: ids `0003` and zips `02139` survive apply and restore; mode 0600 is kept."""
     store = tmp_path / "mem.csv"

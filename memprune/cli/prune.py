@@ -15,10 +15,10 @@ from memprune.cli.common import CONFIG, SET, _top_k, app, console, fail, run_sta
 
 @app.command()
 def prune(
-    scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors)."),
+    scorer: Optional[str] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors), or its URI (s3://...)."),
     input: Optional[str] = typer.Option(None, "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or "
                                                                      "corpus dir; or an external store KIND:LOCATION."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: pruned/ (store + score, keep, reason), prune.json, prune.md."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): pruned/ (store + score, keep, reason), prune.json, prune.md."),
     policy: Optional[str] = typer.Option(None, "--policy", help="rule (threshold then top-k, the paper's), budget or "
                                                                  "fraction [default: rule]."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="rule: drop bullets scored below this [default: 0.5]."),

@@ -37,6 +37,7 @@ from memprune.prune.scoring import (
 from memprune.prune.stats import block_stats, empty_stats, merge_stats, stable_hash
 from memprune.prune.store import Plan, read_rows
 from memprune.runtime import ActorResources, user_error
+from memprune.storage import Location, canonical
 from memprune.timing import busy_seconds, now
 from memprune.tokens import token_counter
 
@@ -112,10 +113,12 @@ class _Tally:
         self.times: dict[str, float] = {}
         self.spans: list[tuple[float, float]] = []
         self.precisions: set[str] = set()
+        self.nodes: set[str] = set()
 
-    def add_precision(self, precision: str) -> None:
-        """The precision an actor's scorer runs at (resolved on its device)."""
+    def add_actor(self, precision: str, node: str) -> None:
+        """A scoring actor started: the precision its scorer runs at (resolved on its device) and its Ray node."""
         self.precisions.add(precision)
+        self.nodes.add(node)
 
     def add_time(self, times: dict[str, float], span: tuple[float, float] | None = None) -> None:
         """Add seconds per kind of work, and the wall-clock interval of a block's compute."""
@@ -134,7 +137,7 @@ class _Tally:
         hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, dtype=np.int64)
         return {**self.stats, "split_groups": int(len(hashes) - len(np.unique(hashes))), "blocks": self.blocks,
                 "times": self.times, "compute_s": busy_seconds(self.spans),
-                "precision": ",".join(sorted(self.precisions))}
+                "precision": ",".join(sorted(self.precisions)), "nodes": sorted(self.nodes)}
 
 
 
@@ -168,7 +171,7 @@ class ScoreActor(EncoderActor):
         self.s = settings
         self.scorer = Scorer.load(settings.scorer_path, device=device, precision=settings.precision)
         self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
-        ray.get(settings.tally.add_precision.remote(self.scorer.precision))
+        ray.get(settings.tally.add_actor.remote(self.scorer.precision, ray.get_runtime_context().get_node_id()))
         ray.get(settings.tally.add_time.remote({"actor_load_s": time.perf_counter() - t0, "actors_started": 1}))
 
     def __call__(self, block: pa.Table) -> pa.Table:
@@ -260,7 +263,7 @@ def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
 
 
 def run_pipeline(
-    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Path, calibrated: bool = False,
+    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Location, calibrated: bool = False,
 ) -> tuple[dict[str, Any], dict[str, float], pa.Table | None]:
     """Assemble and run the Ray Data pipeline; write the store into `tmp` (a dry run: collect the preview
     sample instead, and write nothing); return counters, timing and the preview rows (dry run only).
@@ -283,7 +286,7 @@ def run_pipeline(
             num_cpus=config.io_cpus,
             override_num_blocks=len(plan.blocks),  # no extra splitting of read outputs (it would cut groups)
         )
-        score = ScoreSettings(str(Path(config.scorer).resolve()), config.batch_size, config.sort_by_length,
+        score = ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length,
                               config.precision, config.tokenizer, list(keys), settings, not shuffle, tally,
                               calibrated=calibrated)
         ds = ds.map_batches(**ScoreActor.map_kwargs(score, res, batch_size=None, batch_format="pyarrow",
@@ -303,7 +306,7 @@ def run_pipeline(
             parts = [pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p for p in parts if p.num_rows]
             preview = pa.concat_tables(parts) if parts else None
         else:
-            ds.write_parquet(str(tmp), min_rows_per_file=config.rows_per_file,
+            ds.write_parquet(tmp.path, filesystem=tmp.fs, min_rows_per_file=config.rows_per_file,
                              ray_remote_args={"num_cpus": config.io_cpus})
         stats = ray.get(tally.result.remote())
         timing["pipeline_s"] = time.perf_counter() - t1

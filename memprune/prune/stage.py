@@ -20,7 +20,7 @@ from rich.console import Console
 
 from memprune.calibration import CalibrationError, resolve_score_mode
 from memprune.encoders import EncoderError
-from memprune.io import OutputSet, check_out, check_out_outside, write_jsonl, write_summary
+from memprune.io import OutputSet, check_out_location, check_out_outside, write_jsonl, write_summary
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
@@ -32,10 +32,13 @@ from memprune.prune.store import (
     finalize_files,
     list_store_files,
     open_store,
+    parquet_file,
     plan_store,
+    read_parquet,
 )
-from memprune.runtime import ActorResources, ensure_ray, plan_actors
+from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors
 from memprune.scorer import ScorerError, check_artifact, load_calibration
+from memprune.storage import canonical, is_uri, location
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
 from memprune.work import digest
@@ -50,13 +53,12 @@ def check_scorer(path: str) -> dict[str, Any]:
     Returns what prune.json records. Loading the whole scorer in every actor and failing there
     would cost a cluster's start-up and bury the reason in actor tracebacks.
     """
-    p = Path(path)
     try:
-        sc = check_artifact(p)
-        cal = load_calibration(p)
+        sc = check_artifact(path)
+        cal = load_calibration(path)
     except (ScorerError, EncoderError) as exc:
         raise PruneError(str(exc)) from exc
-    return {"path": str(p.resolve()), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
+    return {"path": canonical(path), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
             "lora": sc.lora is not None, "max_length": sc.max_length,
             "calibration": None if cal is None else {"method": cal.method,
                                                      "relevance_threshold": cal.relevance_threshold}}
@@ -80,7 +82,7 @@ def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: lis
     payload = {"rule": config.rule.model_dump(mode="json"), "score": config.score, "scorer": scorer_info,
                "tokenizer": config.tokenizer,
                "limit_rows": config.limit_rows, "columns": config.columns,
-               "input": [(f.path, f.num_rows, os.stat(f.path).st_size, os.stat(f.path).st_mtime_ns) for f in files]}
+               "input": [(f.path, f.num_rows, location(f.path).size(), location(f.path).mtime_ns()) for f in files]}
     return digest(payload)[:16]
 
 
@@ -95,9 +97,9 @@ def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
 def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
     started = time.perf_counter()
-    out = check_out(config.out, "prune")
-    if not (Path(config.input) / "bullets.parquet").is_file():  # a directory read whole (a corpus dir reads one file)
-        check_out_outside(out, config.input, "input store")
+    out = check_out_location(config.out, "prune")
+    if out.local and not is_uri(config.input) and not (Path(config.input) / "bullets.parquet").is_file():
+        check_out_outside(out.as_path(), config.input, "input store")  # a dir read whole (not a corpus dir's one file)
     check_unit(config.tokenizer)
     scorer_info = check_scorer(config.scorer)
     scores_used = score_mode(config, scorer_info)
@@ -114,6 +116,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
         from ray.data import DataContext
 
         init_s = time.perf_counter() - t0
+        check_paths_visible({"--input": config.input, "--scorer": config.scorer, "--out": config.out})
         res = plan_actors(ray.cluster_resources(), config.use_gpu, config.actors, config.actor_cpus,
                           reserve_cpus=2 * config.io_cpus)
         block_rows = block_rows_for(block_rows, bytes_per_row(files, schema.names),
@@ -142,37 +145,37 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
     from memprune.prune.job import run_pipeline
 
     rule = config.rule
-    store = outputs.path(STORE_DIR)
+    store = outputs.target(STORE_DIR)
     out_schema = pa.schema([*schema, *(pa.field(n, t) for n, t in OUTPUT_TYPES.items())])
     preview = None
     if plan.rows == 0 or res is None:
         stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
         timing: dict[str, float] = {}
         if not config.dry_run:
-            store.mkdir(parents=True)
-            pq.write_table(out_schema.empty_table(), store / "part-00000.parquet")
+            store.fs.create_dir(store.path, recursive=True)
+            pq.write_table(out_schema.empty_table(), (store / "part-00000.parquet").path, filesystem=store.fs)
     else:
         stats, timing, preview = run_pipeline(config, res, plan, schema, store,
                                               calibrated=scores_used["used"] == "calibrated")
         timing = {"ray_init_s": init_s, **timing}
     written = [] if config.dry_run else finalize_files(store)
-    rows_out = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
+    rows_out = sum(parquet_file(p).metadata.num_rows for p in written)
     if not (plan.rows == stats["rows"] == (stats["rows"] if config.dry_run else rows_out)):
         raise PruneError(f"row count mismatch: {plan.rows} read, {stats['rows']} scored, {rows_out} written")
     if stats["split_groups"]:
         raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
-    final_store = outputs.out / STORE_DIR
+    final_store = outputs.final(STORE_DIR)
     per_setting = summarize_stats(stats, settings)
     fingerprint = run_fingerprint(config, scorer_info, files)
     emitted: dict[str, Any] = {}
     if config.dry_run:
-        emitted["preview"] = {"path": str(outputs.out / "preview.jsonl"),
+        emitted["preview"] = {"path": outputs.final("preview.jsonl"),
                               "rows": write_preview(outputs.path("preview.jsonl"), preview, list(rule.keys))}
     elif config.emit == "split":
-        pruned = pa.concat_tables([pq.read_table(p) for p in written])
-        input_ids = pa.chunked_array([c for f in files for c in pq.read_table(f.path, columns=["bullet_id"])
+        pruned = pa.concat_tables([read_parquet(p) for p in written])
+        input_ids = pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
                                       .column(0).cast(pa.string()).chunks], pa.string())[:plan.rows]
-        emitted |= write_split(pruned, input_ids, schema.names, outputs.staging, outputs.out, fingerprint,
+        emitted |= write_split(pruned, input_ids, schema.names, outputs.staging, outputs.loc, fingerprint,
                                {"input": str(config.input), "pruned": str(final_store)})
     summary = {
         "format": PRUNE_FORMAT,
@@ -181,7 +184,7 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
         "dry_run": config.dry_run,
         "fingerprint": fingerprint,
         "output": None if config.dry_run else {
-            "store": str(final_store), "files": [p.name for p in written], "rows": rows_out,
+            "store": final_store, "files": [p.name for p in written], "rows": rows_out,
             "columns": out_schema.names, "emit": config.emit},
         "emitted": emitted,
         "scorer": scorer_info,
@@ -203,6 +206,7 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                                                 "block_rows": block_rows,
                                                 # what the actors ran at, resolved on their device; and the request
                                                 "precision": stats.get("precision") or None,
+                                                "nodes": len(stats.get("nodes") or ()),  # that ran scoring actors
                                                 "precision_requested": config.precision},
         # compute: scoring, token counting and the rule in the actors (parallel actors counted once); the rest
         # is Ray and actor start-up, planning, reading and writing

@@ -28,6 +28,7 @@ from memprune.prune.config import PruneError
 from memprune.prune.scoring import HELPERS, OUTPUT_COLUMNS
 from memprune.prune.stats import stable_hash
 from memprune.schema import BULLETS, compatible
+from memprune.storage import Location, location
 
 REQUIRED = tuple(f.name for f in BULLETS)
 NOT_NULL = tuple(f.name for f in BULLETS if not f.nullable)
@@ -44,20 +45,48 @@ class StoreFile:
     row_group_starts: tuple[int, ...]
 
 
-def list_store_files(input: str | os.PathLike[str]) -> list[Path]:
-    """The store's Parquet files: a file; a corpus dir's bullets.parquet; else every *.parquet in the dir, sorted."""
-    p = Path(input)
-    if p.is_file():
-        return [p]
-    if not p.exists():
-        raise PruneError(f"{p}: no such file or directory")
-    check_committed(p)  # a store directory another step wrote, e.g. OUT/pruned
-    if (p / "bullets.parquet").is_file():
-        return [p / "bullets.parquet"]
-    files = sorted(f for f in p.rglob("*.parquet") if f.is_file() and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
-    if not files:
-        raise PruneError(f"{p}: no Parquet files in this directory")
-    return files
+def parquet_file(path: str | os.PathLike[str] | Location) -> pq.ParquetFile:
+    """A Parquet file of the store, local or on object storage (a path or a URI)."""
+    loc = location(path)
+    return pq.ParquetFile(loc.path) if loc.local else pq.ParquetFile(loc.fs.open_input_file(loc.path))
+
+
+def read_parquet(path: str | os.PathLike[str] | Location, columns: list[str] | None = None) -> pa.Table:
+    loc = location(path)
+    return pq.read_table(loc.path, columns=columns, filesystem=loc.fs)
+
+
+def list_store_files(input: str | os.PathLike[str]) -> list[Any]:
+    """The store's Parquet files: a file; a corpus dir's bullets.parquet; else every *.parquet in the dir, sorted.
+    Local files come back as Paths, files on object storage as their URIs."""
+    loc = location(input, "--input")
+    if loc.local:
+        p = Path(input)
+        if p.is_file():
+            return [p]
+        if not p.exists():
+            raise PruneError(f"{p}: no such file or directory")
+        check_committed(p)  # a store directory another step wrote, e.g. OUT/pruned
+        if (p / "bullets.parquet").is_file():
+            return [p / "bullets.parquet"]
+        files = sorted(f for f in p.rglob("*.parquet") if f.is_file() and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
+        if not files:
+            raise PruneError(f"{p}: no Parquet files in this directory")
+        return files
+    loc.check_reachable()
+    if loc.is_file():
+        return [loc.uri]
+    listing = loc.files()
+    if not listing:
+        raise PruneError(f"{loc}: no such object or prefix")
+    check_committed(loc)
+    if "bullets.parquet" in listing:
+        return [str(loc / "bullets.parquet")]
+    names = sorted(n for n in listing if n.endswith(".parquet") and not any(part.startswith((".", "_"))
+                                                                            for part in n.split("/")))
+    if not names:
+        raise PruneError(f"{loc}: no Parquet files under this prefix")
+    return [str(loc / n) for n in names]
 
 
 def open_store(files: Sequence[Path], columns: list[str] | None) -> tuple[list[StoreFile], pa.Schema, list[str]]:
@@ -74,7 +103,7 @@ def open_store(files: Sequence[Path], columns: list[str] | None) -> tuple[list[S
     for path in files:
         check_committed(path)
         try:
-            pf = pq.ParquetFile(path)
+            pf = parquet_file(path)
             schema = pf.schema_arrow
         except (pa.ArrowInvalid, OSError) as exc:
             raise PruneError(f"{path}: cannot read as Parquet: {exc}") from exc
@@ -156,7 +185,7 @@ def _check_unique_ids(files: Sequence[StoreFile], hashes: np.ndarray) -> None:
     uniq, counts = np.unique(hashes, return_counts=True)
     for h in uniq[counts > 1]:
         (fa, ra), (fb, rb) = (_locate(files, int(r)) for r in np.flatnonzero(hashes == h)[:2])
-        ids = [pq.read_table(f, columns=["bullet_id"]).column(0)[r].as_py() for f, r in ((fa, ra), (fb, rb))]
+        ids = [read_parquet(f, columns=["bullet_id"]).column(0)[r].as_py() for f, r in ((fa, ra), (fb, rb))]
         if ids[0] == ids[1]:  # not a hash collision
             raise PruneError(f"{fa}: duplicate bullet_id {ids[0]!r} (row {ra}, again in {fb} row {rb}); "
                              "every bullet must have one id to get one decision")
@@ -188,7 +217,7 @@ def plan_store(
     for f in files:
         if done:
             break
-        pf = pq.ParquetFile(f.path)
+        pf = parquet_file(f.path)
         row = f.offset
         try:
             batches = pf.iter_batches(columns=list(dict.fromkeys([*keys, "bullet_id", "evidence"])), batch_size=65_536)
@@ -259,7 +288,7 @@ def bytes_per_row(files: Sequence[StoreFile], columns: Sequence[str]) -> float:
     total, rows = 0, 0
     wanted = set(columns)
     for f in files:
-        md = pq.ParquetFile(f.path).metadata
+        md = parquet_file(f.path).metadata
         for i in range(md.num_row_groups):
             rg = md.row_group(i)
             rows += rg.num_rows
@@ -296,7 +325,7 @@ def read_rows(files: Sequence[StoreFile], start: int, stop: int, schema: pa.Sche
         rgs = [i for i, s in enumerate(f.row_group_starts)
                if s < lb and (f.row_group_starts[i + 1] if i + 1 < len(f.row_group_starts) else f.num_rows) > la]
         try:
-            t = pq.ParquetFile(f.path).read_row_groups(rgs, columns=schema.names)
+            t = parquet_file(f.path).read_row_groups(rgs, columns=schema.names)
         except (pa.ArrowInvalid, OSError) as exc:
             raise PruneError(f"{f.path}: cannot read rows {la}-{lb - 1}: {exc}".replace("\n", " ")) from exc
         t = t.slice(la - f.row_group_starts[rgs[0]], lb - la)
@@ -314,21 +343,26 @@ def read_rows(files: Sequence[StoreFile], start: int, stop: int, schema: pa.Sche
 
 
 
-def finalize_files(tmp: Path) -> list[Path]:
-    """Rename Ray's output files (sorted = write order = input order) to part-00000.parquet, ..."""
-    files = sorted(p for p in tmp.iterdir() if p.suffix == ".parquet")
+def finalize_files(tmp: Location) -> list[Location]:
+    """Rename Ray's output files (sorted = write order = input order) to part-00000.parquet, ... (on object
+    storage, where there is no rename: a server-side copy, then the original is deleted)."""
+    names = sorted(n for n in tmp.files() if n.endswith(".parquet") and "/" not in n)
     out = []
-    for i, p in enumerate(files):
-        target = tmp / f"part-{i:05d}.parquet"
-        p.rename(target)
+    for i, name in enumerate(names):
+        source, target = tmp / name, tmp / f"part-{i:05d}.parquet"
+        if tmp.local:
+            os.replace(source.path, target.path)
+        elif name != target.name:
+            source.copy_to(target)
+            source.delete()
         out.append(target)
     return out
 
 
 def read_pruned(out: str | os.PathLike[str]) -> pa.Table:
-    """The pruned store written by `run_prune` into `out` (all part files, in order)."""
-    store = Path(out) / STORE_DIR
-    files = sorted(store.glob("part-*.parquet"))
-    if not files:
+    """The pruned store written by `run_prune` into `out` (a directory or a URI; all part files, in order)."""
+    store = location(out) / STORE_DIR
+    names = sorted(n for n in store.files() if n.startswith("part-") and n.endswith(".parquet"))
+    if not names:
         raise PruneError(f"{store}: no pruned store here")
-    return pa.concat_tables([pq.read_table(f) for f in files])
+    return pa.concat_tables([read_parquet(store / n) for n in names])

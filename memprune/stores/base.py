@@ -199,9 +199,12 @@ def kinds() -> list[str]:
 def split_input(text: str) -> tuple[str, str] | None:
     """(kind, location) of a `KIND:LOCATION` store input; None for a bare path (memprune's own bullets table).
 
-    An existing path is always a bare path; `foo:bar` with an unregistered kind `foo` is an error.
+    An existing path, and a storage URI (`s3://...`, a bullets Parquet store on object storage), are bare paths;
+    `foo:bar` with an unregistered kind `foo` is an error.
     """
-    if Path(text).exists() or ":" not in text:
+    from memprune.storage import is_uri
+
+    if is_uri(text) or Path(text).exists() or ":" not in text:
         return None
     kind, _, location = text.partition(":")
     if len(kind) == 1 or not KIND_NAME.match(kind):  # a drive letter, or a path with a colon: not a store kind

@@ -1,0 +1,151 @@
+"""A two-node Ray cluster on one machine whose worker node has its own disk, with a real S3 server on loopback.
+
+The head runs as usual; the worker node runs `ray start --address` under `unshare -m` with a private tmpfs on
+/tmp, so it cannot see the test's files (they live under /tmp), as a second machine cannot; the software's
+install stays visible, as a machine image would. The prune job then runs from a driver on the head: with local
+paths it stops before any work with the one line that names the path and the node; with every input and output
+on S3 it runs on both nodes and commits its outputs in the bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import upload
+from test_ray_job import free_ports
+
+from memprune.storage import location
+
+pytestmark = pytest.mark.slow
+BIN = Path(sys.executable).parent
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=3)  # `ray start --block` stops its processes one by one: kill what is left
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+def _node_args(ports: list[int], workers: tuple[int, int]) -> list[str]:
+    node_mgr, obj_mgr, agent_http, agent_grpc, metrics, env_agent = ports
+    return ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
+            f"--node-manager-port={node_mgr}", f"--object-manager-port={obj_mgr}",
+            f"--dashboard-agent-listen-port={agent_http}", f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={env_agent}",
+            f"--min-worker-port={workers[0]}", f"--max-worker-port={workers[1]}"]
+
+
+def _alive_nodes(address: str) -> int:
+    script = ("import ray; ray.init(address=%r, log_to_driver=False); "
+              "print(sum(1 for n in ray.nodes() if n['Alive']))" % address)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else 0
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
+    """(GCS address, the worker node's process): a head and a worker node with a private /tmp."""
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"mount namespaces are not permitted here: {probe.stderr.decode().strip()[:200]}")
+    logs = tmp_path_factory.mktemp("cluster")
+    gcs, *ports = free_ports(14)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("RAY_ADDRESS", None)
+    head_log, worker_log = open(logs / "head.log", "w"), open(logs / "worker.log", "w")
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--include-dashboard=false",
+                             f"--ray-client-server-port={ports[12]}", *_node_args(ports[:6], (20000, 20999))],
+                            stdout=head_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # the worker node: its own mount namespace, a fresh tmpfs on /tmp (Ray's session dir and its only disk)
+    inner = " ".join([f"exec {BIN / 'ray'} start --address=127.0.0.1:{gcs}",
+                      *_node_args(ports[6:12], (21000, 21999))])
+    worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               f"mount -t tmpfs -o size=4g tmpfs /tmp && {inner}"],
+                              stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    address = f"127.0.0.1:{gcs}"
+    try:
+        deadline = time.monotonic() + 180
+        while _alive_nodes(address) < 2:
+            if head.poll() is not None or worker.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
+                            f"{(logs / 'worker.log').read_text()[-1500:]}")
+            time.sleep(2)
+        yield address, worker
+    finally:
+        _stop(worker)
+        _stop(head)
+        head_log.close()
+        worker_log.close()
+        from ray._common.utils import get_ray_address_file
+
+        current = Path(get_ray_address_file(None))
+        if current.exists() and current.read_text().strip().endswith(f":{gcs}"):
+            current.unlink()
+
+
+def _prune(address: str, *args: str) -> subprocess.CompletedProcess:
+    """`memprune prune` from a driver on the head, connected to the cluster."""
+    return subprocess.run([str(BIN / "memprune"), "prune", *args, "--set", f"ray_address={address}",
+                           "--set", "progress=false"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000"})
+
+
+def _private_files(worker: subprocess.Popen) -> list[str]:
+    """What the worker node wrote on its own disk (its /tmp, seen through its mount namespace), Ray's own dir aside."""
+    root = Path(f"/proc/{worker.pid}/root/tmp")
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
+                  and p.relative_to(root).parts[0] != "ray")
+
+
+def test_local_paths_the_worker_node_cannot_see_are_one_line_before_any_work(two_nodes, scorer_dir: Path,
+                                                                              msc_small: Path, tmp_path: Path):
+    address, _ = two_nodes
+    proc = _prune(address, "--scorer", str(scorer_dir), "--input", str(msc_small), "--out", str(tmp_path / "o"))
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"--input {msc_small}: not visible from node " in lines[0] and "1 of 2 nodes" in lines[0]
+    assert "give a URI (s3://" in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_prune_with_every_path_on_s3_runs_on_both_nodes_and_commits_in_the_bucket(two_nodes, bucket: str,
+                                                                                 scorer_dir: Path, msc_small: Path):
+    from memprune.prune import MemoryPruner, read_pruned
+
+    address, worker = two_nodes
+    store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
+    scorer = upload(scorer_dir, f"{bucket}/scorer")
+    out = f"{bucket}/pruned"
+    proc = _prune(address, "--scorer", scorer, "--input", store, "--out", out, "--top-k", "3", "--set", "actors=2",
+                  "--set", "block_rows=32")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((location(out) / "prune.json").read_text())
+    assert summary["resources"]["nodes"] == 2  # a scoring actor on each node
+    assert json.loads((location(out) / ".memprune.json").read_text())["state"] == "done"
+    got = read_pruned(out)
+    want = MemoryPruner(scorer_dir, top_k=3).prune_table(pq.read_table(msc_small / "bullets.parquet"))
+    assert got["bullet_id"].to_pylist() == want["bullet_id"].to_pylist()
+    assert got["keep"].to_pylist() == want["keep"].to_pylist() and got["reason"].to_pylist() == want["reason"].to_pylist()
+    # the worker node wrote nothing on its own disk but Ray's session files and its cached copy of the scorer
+    cache = Path(os.environ["MEMPRUNE_CACHE_DIR"]).relative_to("/tmp")
+    written = _private_files(worker)
+    assert all(Path(f).is_relative_to(cache / "artifacts") for f in written), written
+    assert any(f.endswith("head.safetensors") for f in written)  # the worker fetched the artifact itself

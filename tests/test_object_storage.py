@@ -1,0 +1,177 @@
+"""Object storage (`memprune.storage`) against a real S3 server on loopback (moto's standalone server): locations,
+output sets committed without a rename, and `memprune prune` reading its store and scorer from S3 and writing its
+outputs there from the Ray workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import upload
+from typer.testing import CliRunner
+
+from memprune.errors import MemPruneError
+from memprune.io import MARKER, OutputSet, SchemaError, check_committed
+from memprune.storage import Location, StorageError, fetch_dir, location
+
+
+def _cli(*args: str):
+    from memprune.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_locations_resolve_once_and_unknown_ones_are_one_line(bucket: str, tmp_path: Path) -> None:
+    local = location(tmp_path / "a")
+    assert local.local and local.path == str(tmp_path / "a") and location(f"file://{tmp_path}/a").path == local.path
+    remote = location(f"{bucket}/run/x")
+    assert not remote.local and remote.path == f"{bucket[5:]}/run/x" and str(remote / "y.json") == f"{bucket}/run/x/y.json"
+    (remote / "y.json").write_text('{"a": 1}')
+    assert (remote / "y.json").is_file() and remote.is_dir() and remote.files() == {"y.json": 8}
+    assert json.loads((remote / "y.json").read_text()) == {"a": 1}
+    with pytest.raises(StorageError, match=r"unknown storage scheme 'nosuch' \(known: .*s3"):
+        location("nosuch://b/x")
+    with pytest.raises(StorageError, match=r"one slash; write s3://"):
+        location("s3:/b/x")
+    with pytest.raises(StorageError, match=r"bucket 'memprune-no-such-bucket' does not exist"):
+        location("s3://memprune-no-such-bucket/x").check_reachable()
+    with pytest.raises(StorageError, match=r"no such file"):
+        (remote / "absent.json").read_text()
+
+
+def test_a_remote_artifact_is_fetched_once_per_node_and_again_when_it_changes(bucket: str, tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "cache"))
+    art = tmp_path / "art"
+    (art / "adapter").mkdir(parents=True)
+    (art / "scorer.json").write_text("{}")
+    (art / "adapter" / "w.bin").write_bytes(b"\0" * 10)
+    uri = upload(art, f"{bucket}/art")
+    first = fetch_dir(uri)
+    assert (first / "adapter" / "w.bin").read_bytes() == b"\0" * 10 and first.is_relative_to(tmp_path / "cache")
+    stamp = (first / "scorer.json").stat().st_mtime_ns
+    assert fetch_dir(uri) == first and (first / "scorer.json").stat().st_mtime_ns == stamp  # not fetched again
+    location(f"{uri}/scorer.json").write_text('{"changed": true}')
+    again = fetch_dir(uri)
+    assert again != first and (again / "scorer.json").read_text() == '{"changed": true}'
+    assert fetch_dir(tmp_path / "art") == tmp_path / "art"  # a local artifact is used where it is
+    with pytest.raises(StorageError, match="no such directory"):
+        fetch_dir(f"{bucket}/nothing-here")
+
+
+def _marker(loc: Location) -> dict:
+    return json.loads((loc / MARKER).read_text())
+
+
+def test_a_remote_output_set_commits_whole_or_not_at_all(bucket: str, monkeypatch) -> None:
+    out = location(f"{bucket}/run")
+    with OutputSet(out.uri, "demo") as outputs:
+        outputs.path("report.json").write_text('{"v": 1}')  # a driver's small file
+        table = outputs.target("table")  # what workers write, straight to the staging prefix
+        pq.write_table(pa.table({"x": [1, 2, 3]}), (table / "part-0.parquet").path, filesystem=table.fs)
+        assert not (out / "report.json").exists()  # nothing is in place before the commit
+    info = _marker(out)
+    assert info["state"] == "done" and set(info["files"]) == {"report.json", "table"}
+    assert info["files"]["report.json"] == 8 and sorted(out.files()) == [MARKER, "report.json", "table/part-0.parquet"]
+    check_committed(f"{out}/report.json")
+    # a run that fails leaves the committed set as it was, and no staging prefix
+    with pytest.raises(RuntimeError), OutputSet(out.uri, "demo") as outputs:
+        outputs.path("report.json").write_text('{"v": 2}')
+        (outputs.target("table") / "part-0.parquet").write_bytes(b"half")
+        raise RuntimeError("killed")
+    assert (out / "report.json").read_text() == '{"v": 1}' and sorted(out.files()) == [MARKER, "report.json",
+                                                                                       "table/part-0.parquet"]
+    # a crash while committing (here: the second copy fails): the marker says so and readers refuse the set
+    real_copy = Location.copy_to
+    calls = []
+
+    def failing_copy(self, target):
+        calls.append(target)
+        if len(calls) == 2:
+            raise OSError("connection reset")
+        real_copy(self, target)
+
+    monkeypatch.setattr(Location, "copy_to", failing_copy)
+    with pytest.raises(OSError), OutputSet(out.uri, "demo") as outputs:
+        outputs.path("report.json").write_text('{"v": 3}')
+        (outputs.target("table") / "part-0.parquet").write_bytes(b"new")
+    assert _marker(out)["state"] == "committing"
+    with pytest.raises(SchemaError, match="did not finish"):
+        check_committed(f"{out}/report.json")
+    monkeypatch.setattr(Location, "copy_to", real_copy)
+    # a rerun replaces it: staging prefixes the crashed runs left are removed
+    with OutputSet(out.uri, "demo") as outputs:
+        outputs.path("report.json").write_text('{"v": 4}')
+    assert _marker(out)["state"] == "done" and (out / "report.json").read_text() == '{"v": 4}'
+    assert not [n for n in out.files() if n.startswith(".staging-")]
+    check_committed(f"{out}/report.json")
+    # an object changed after the commit is refused by name
+    (out / "report.json").write_text('{"v": 44}')
+    with pytest.raises(SchemaError, match="changed since the demo run wrote it"):
+        check_committed(f"{out}/report.json")
+
+
+def test_remote_outputs_that_cannot_be_used_are_one_line_and_nothing_is_written(bucket: str, scorer_dir: Path,
+                                                                               msc_small: Path) -> None:
+    (location(bucket) / "theirs" / "data.csv").write_text("a,b\n")
+    base = ["prune", "--scorer", str(scorer_dir), "--input", str(msc_small)]
+    cases = {
+        "not a memprune output": [*base, "--out", f"{bucket}/theirs"],
+        "bucket 'memprune-no-such-bucket' does not exist": [*base, "--out", "s3://memprune-no-such-bucket/x"],
+        "unknown storage scheme 'nosuch'": [*base, "--out", "nosuch://b/x"],
+        "looks like a URI with one slash": [*base, "--out", "s3:/b/x"],
+        "no such object or prefix": ["prune", "--scorer", str(scorer_dir), "--input", f"{bucket}/absent",
+                                     "--out", f"{bucket}/o"],
+        "scorer artifact s3://": ["prune", "--scorer", f"{bucket}/no-scorer", "--input", str(msc_small),
+                                  "--out", f"{bucket}/o"],
+    }
+    for expected, args in cases.items():
+        res = _cli(*args)
+        assert res.exit_code != 0, (expected, res.output)
+        assert len(res.output.strip().splitlines()) == 1 and expected in " ".join(res.output.split()), res.output
+    assert sorted(location(bucket).files()) == ["theirs/data.csv"]
+
+
+@pytest.mark.slow  # a Ray Data job of 20 s or more
+def test_prune_reads_store_and_scorer_from_s3_and_writes_there(ray_local, bucket: str, scorer_dir: Path,
+                                                               msc_small: Path, tmp_path: Path) -> None:
+    from memprune.prune import MemoryPruner, read_pruned
+
+    store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
+    scorer = upload(scorer_dir, f"{bucket}/scorer")
+    out = f"{bucket}/pruned"
+    res = _cli("prune", "--scorer", scorer, "--input", store, "--out", out, "--top-k", "3", "--emit", "split",
+               "--set", "progress=false", "--set", "actors=1", "--set", "block_rows=64")
+    assert res.exit_code == 0, res.output
+    root = location(out)
+    summary = json.loads((root / "prune.json").read_text())
+    assert summary["scorer"]["path"] == scorer and summary["input"]["files"] == [store]
+    assert summary["output"]["store"] == f"{out}/pruned" and summary["emitted"]["kept"]["path"] == f"{out}/kept"
+    info = _marker(root)
+    assert info["state"] == "done" and set(info["files"]) == {"pruned", "kept", "dropped", "prune.json", "prune.md"}
+    assert not [n for n in root.files() if n.startswith(".staging-")]
+    got = read_pruned(out)
+    bullets = pq.read_table(msc_small / "bullets.parquet")
+    want = MemoryPruner(scorer_dir, top_k=3).prune_table(bullets)
+    assert got["bullet_id"].to_pylist() == want["bullet_id"].to_pylist()
+    assert got["keep"].to_pylist() == want["keep"].to_pylist() and got["reason"].to_pylist() == want["reason"].to_pylist()
+    kept = pq.read_table((root / "kept").path, filesystem=root.fs)
+    assert kept.num_rows == sum(got["keep"].to_pylist())
+    # the pruned store on S3 is itself an input: read back through the committed marker
+    again = _cli("prune", "--scorer", scorer, "--input", f"{out}/pruned", "--out", f"{bucket}/again", "--dry-run",
+                 "--top-k", "3", "--set", "progress=false", "--set", "actors=1")
+    assert again.exit_code == 0, again.output
+    assert json.loads((location(bucket) / "again" / "prune.json").read_text())["input"]["rows"] == bullets.num_rows
+
+
+def test_a_store_refused_mid_commit_is_not_read_as_input(bucket: str, scorer_dir: Path) -> None:
+    root = location(bucket) / "half"
+    (root / "part-0.parquet").write_bytes(b"PAR1")
+    (root / MARKER).write_text(json.dumps({"step": "prune", "state": "committing", "files": ["part-0.parquet"]}))
+    res = _cli("prune", "--scorer", str(scorer_dir), "--input", str(root), "--out", f"{bucket}/o")
+    assert res.exit_code != 0 and "did not finish" in " ".join(res.output.split()), res.output
+    with pytest.raises(MemPruneError):
+        check_committed(f"{root}/part-0.parquet")
