@@ -149,3 +149,42 @@ def test_prune_with_every_path_on_s3_runs_on_both_nodes_and_commits_in_the_bucke
     written = _private_files(worker)
     assert all(Path(f).is_relative_to(cache / "artifacts") for f in written), written
     assert any(f.endswith("head.safetensors") for f in written)  # the worker fetched the artifact itself
+
+
+def test_a_driver_killed_mid_prune_leaves_nothing_a_reader_accepts_and_a_rerun_gives_the_same(
+        two_nodes, bucket: str, scorer_dir: Path, msc_small: Path):
+    from memprune.io import check_committed
+    from memprune.prune import MemoryPruner, read_pruned
+
+    address, _ = two_nodes
+    store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
+    scorer = upload(scorer_dir, f"{bucket}/scorer")
+    out = f"{bucket}/pruned"
+    args = ["--scorer", scorer, "--input", store, "--out", out, "--top-k", "3", "--set", "actors=2",
+            "--set", "block_rows=8", "--set", f"ray_address={address}", "--set", "progress=false"]
+    proc = subprocess.Popen([str(BIN / "memprune"), "prune", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    root = location(out)
+    deadline = time.monotonic() + 300
+    while not any(n.startswith(".staging-") and n.endswith(".parquet") for n in root.files()):
+        assert proc.poll() is None, "the job ended before any worker wrote"
+        assert time.monotonic() < deadline, "no worker output appeared in the staging prefix"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)  # mid-write: workers have put part files under the staging prefix
+    proc.wait(timeout=30)
+    assert not (root / ".memprune.json").exists() and not (root / "pruned").exists()  # nothing committed
+    try:
+        read_pruned(out)
+    except Exception as exc:  # no reader accepts the half-written set
+        assert "no pruned store here" in str(exc)
+    else:
+        raise AssertionError("a reader accepted a half-written output set")
+    again = _prune(address, *args[:-4])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert not [n for n in root.files() if n.startswith(".staging-")]  # the killed run's staging is gone
+    check_committed(f"{out}/prune.json")
+    got = read_pruned(out)  # the decisions of the one uninterrupted process
+    want = MemoryPruner(scorer_dir, top_k=3).prune_table(pq.read_table(msc_small / "bullets.parquet"))
+    for col in ("bullet_id", "keep", "reason", "duplicate_of"):
+        assert got[col].to_pylist() == want[col].to_pylist(), col
+    assert got["score"].to_pylist() == pytest.approx(want["score"].to_pylist(), abs=1e-5)

@@ -175,3 +175,13 @@ def test_a_store_refused_mid_commit_is_not_read_as_input(bucket: str, scorer_dir
     assert res.exit_code != 0 and "did not finish" in " ".join(res.output.split()), res.output
     with pytest.raises(MemPruneError):
         check_committed(f"{root}/part-0.parquet")
+
+
+def test_memory_pruner_loads_a_scorer_from_s3(bucket: str, scorer_dir: Path) -> None:
+    from memprune.prune import MemoryPruner
+
+    texts = ["Ann has a cat named Tom.", "Bob works nights at the bakery.", "It rained."]
+    remote = MemoryPruner(upload(scorer_dir, f"{bucket}/scorer"), top_k=2)
+    local = MemoryPruner(scorer_dir, top_k=2)
+    assert remote.score(texts).tolist() == local.score(texts).tolist()
+    assert remote.decide(texts)[1].tolist() == local.decide(texts)[1].tolist()
