@@ -298,7 +298,7 @@ def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
         raise MemPruneError(f"--out {loc}: is an object, not a prefix; the {step} output must be a prefix")
     files = loc.files()
     if files and MARKER not in files and not all(n.startswith(".staging-") for n in files):
-        first = sorted(files)[0]
+        first = min(files)
         raise MemPruneError(f"--out {loc}: holds {len(files)} object(s) (e.g. {first}) but no {MARKER}: not a memprune "
                             "output; give an empty or new prefix")
     return loc

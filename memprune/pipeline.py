@@ -24,9 +24,9 @@ from memprune import stages as registry
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
 from memprune.evaluate.config import EvalSettings
 from memprune.io import write_json
-from memprune.storage import is_uri
 from memprune.label.config import LabelSettings
 from memprune.prune.config import PruneRule, PruneSettings
+from memprune.storage import is_uri
 from memprune.synth.config import SynthSettings
 from memprune.train.config import TrainSettings
 

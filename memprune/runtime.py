@@ -133,19 +133,22 @@ class PathNotVisibleError(MemPruneError):
     """A local path the job needs is not the same on every node of the cluster."""
 
 
-def _probe(path: str, size: int | None) -> bool:
-    """On one node: is `path` there (a file of `size` bytes, or a directory)?"""
+def _probe(path: str, stamp: tuple[int, int] | None) -> bool:
+    """On one node: is `path` there (a file of this (size, mtime_ns), or a directory)?"""
     p = Path(path)
-    return p.is_dir() if size is None else (p.is_file() and p.stat().st_size == size)
+    if stamp is None:
+        return p.is_dir()
+    return p.is_file() and (p.stat().st_size, p.stat().st_mtime_ns) == tuple(stamp)
 
 
 def check_paths_visible(paths: Mapping[str, str | os.PathLike[str] | None]) -> None:
     """On a multi-node cluster, refuse (one line, before any work) a local path that some node cannot see.
 
     `paths`: what the user called it (`--input`) -> the path. A URI, and every path on a one-node
-    instance, passes. An existing path must be on every node (a file with the same size); for one that
-    does not exist yet (an output) the driver writes a probe file into its nearest existing parent
-    and every node must see it. One tiny task per alive node looks.
+    instance, passes. A file must be on every node with the same size and time. For a directory (or a
+    path that does not exist yet, an output: its nearest existing parent) the driver writes a probe
+    file into it and every node must see that file; a directory this process may not write into is
+    only looked for. One tiny task per alive node looks.
     """
     import uuid
 
@@ -163,16 +166,21 @@ def check_paths_visible(paths: Mapping[str, str | os.PathLike[str] | None]) -> N
             continue
         target = Path(location(value).path).resolve()
         made = None
-        if target.exists():
-            check, size = target, (None if target.is_dir() else target.stat().st_size)
+        if target.is_file():
+            st = target.stat()
+            check, stamp = target, (st.st_size, st.st_mtime_ns)
         else:
-            parent = next(p for p in target.parents if p.exists())
-            made = parent / f".memprune-probe-{uuid.uuid4().hex[:12]}"
-            made.write_text("probe\n")
-            check, size = made, made.stat().st_size
+            folder = target if target.is_dir() else next(p for p in target.parents if p.exists())
+            try:
+                made = folder / f".memprune-probe-{uuid.uuid4().hex[:12]}"
+                made.write_text("probe\n")
+                st = made.stat()
+                check, stamp = made, (st.st_size, st.st_mtime_ns)
+            except OSError:
+                made, check, stamp = None, folder, None
         try:
             seen = ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                            .remote(str(check), size) for n in nodes], timeout=120)
+                            .remote(str(check), stamp) for n in nodes], timeout=120)
         finally:
             if made is not None:
                 made.unlink(missing_ok=True)

@@ -1,8 +1,9 @@
 """A two-node Ray cluster on one machine whose worker node has its own disk, with a real S3 server on loopback.
 
-The head runs as usual; the worker node runs `ray start --address` under `unshare -m` with a private tmpfs on
-/tmp, so it cannot see the test's files (they live under /tmp), as a second machine cannot; the software's
-install stays visible, as a machine image would. The prune job then runs from a driver on the head: with local
+The head runs as usual; the worker node runs `ray start --address` under `unshare -m`, with a fresh tmpfs
+mounted over pytest's base temporary directory: it cannot see any of the test's files (they all live there),
+as a second machine cannot, and that tmpfs is its only disk (its Ray session dir and memprune's cache go
+there). The software's install stays visible, as a machine image would. The prune job then runs from a driver on the head: with local
 paths it stops before any work with the one line that names the path and the node; with every input and output
 on S3 it runs on both nodes and commits its outputs in the bucket.
 """
@@ -65,6 +66,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
     if probe.returncode != 0:
         pytest.skip(f"mount namespaces are not permitted here: {probe.stderr.decode().strip()[:200]}")
     logs = tmp_path_factory.mktemp("cluster")
+    private = tmp_path_factory.getbasetemp()  # every test file is below it; the worker node sees a fresh tmpfs here
     gcs, *ports = free_ports(14)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -73,12 +75,13 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--include-dashboard=false",
                              f"--ray-client-server-port={ports[12]}", *_node_args(ports[:6], (20000, 20999))],
                             stdout=head_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    # the worker node: its own mount namespace, a fresh tmpfs on /tmp (Ray's session dir and its only disk)
-    inner = " ".join([f"exec {BIN / 'ray'} start --address=127.0.0.1:{gcs}",
+    # the worker node: its own mount namespace, a fresh tmpfs over the tests' files (its session dir and only disk)
+    inner = " ".join([f"exec {BIN / 'ray'} start --address=127.0.0.1:{gcs}", f"--temp-dir={private / 'ray'}",
                       *_node_args(ports[6:12], (21000, 21999))])
     worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                               f"mount -t tmpfs -o size=4g tmpfs /tmp && {inner}"],
-                              stdout=worker_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                               f"mount -t tmpfs -o size=4g tmpfs {private} && {inner}"],
+                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**env, "MEMPRUNE_CACHE_DIR": str(private / "cache")})
     address = f"127.0.0.1:{gcs}"
     try:
         deadline = time.monotonic() + 180
@@ -87,7 +90,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
                 pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
                             f"{(logs / 'worker.log').read_text()[-1500:]}")
             time.sleep(2)
-        yield address, worker
+        yield address, worker, private
     finally:
         _stop(worker)
         _stop(head)
@@ -107,16 +110,16 @@ def _prune(address: str, *args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000"})
 
 
-def _private_files(worker: subprocess.Popen) -> list[str]:
-    """What the worker node wrote on its own disk (its /tmp, seen through its mount namespace), Ray's own dir aside."""
-    root = Path(f"/proc/{worker.pid}/root/tmp")
+def _private_files(worker: subprocess.Popen, private: Path) -> list[str]:
+    """What the worker node wrote on its own disk (seen through its mount namespace), Ray's session dir aside."""
+    root = Path(f"/proc/{worker.pid}/root{private}")
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()
                   and p.relative_to(root).parts[0] != "ray")
 
 
 def test_local_paths_the_worker_node_cannot_see_are_one_line_before_any_work(two_nodes, scorer_dir: Path,
                                                                               msc_small: Path, tmp_path: Path):
-    address, _ = two_nodes
+    address, _, _ = two_nodes
     proc = _prune(address, "--scorer", str(scorer_dir), "--input", str(msc_small), "--out", str(tmp_path / "o"))
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.startswith("error:")]
@@ -130,7 +133,7 @@ def test_prune_with_every_path_on_s3_runs_on_both_nodes_and_commits_in_the_bucke
                                                                                  scorer_dir: Path, msc_small: Path):
     from memprune.prune import MemoryPruner, read_pruned
 
-    address, worker = two_nodes
+    address, worker, private = two_nodes
     store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
     scorer = upload(scorer_dir, f"{bucket}/scorer")
     out = f"{bucket}/pruned"
@@ -145,9 +148,8 @@ def test_prune_with_every_path_on_s3_runs_on_both_nodes_and_commits_in_the_bucke
     assert got["bullet_id"].to_pylist() == want["bullet_id"].to_pylist()
     assert got["keep"].to_pylist() == want["keep"].to_pylist() and got["reason"].to_pylist() == want["reason"].to_pylist()
     # the worker node wrote nothing on its own disk but Ray's session files and its cached copy of the scorer
-    cache = Path(os.environ["MEMPRUNE_CACHE_DIR"]).relative_to("/tmp")
-    written = _private_files(worker)
-    assert all(Path(f).is_relative_to(cache / "artifacts") for f in written), written
+    written = _private_files(worker, private)
+    assert all(Path(f).is_relative_to("cache/artifacts") for f in written), written
     assert any(f.endswith("head.safetensors") for f in written)  # the worker fetched the artifact itself
 
 
@@ -156,7 +158,7 @@ def test_a_driver_killed_mid_prune_leaves_nothing_a_reader_accepts_and_a_rerun_g
     from memprune.io import check_committed
     from memprune.prune import MemoryPruner, read_pruned
 
-    address, _ = two_nodes
+    address, _, _ = two_nodes
     store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
     scorer = upload(scorer_dir, f"{bucket}/scorer")
     out = f"{bucket}/pruned"
@@ -188,3 +190,47 @@ def test_a_driver_killed_mid_prune_leaves_nothing_a_reader_accepts_and_a_rerun_g
     for col in ("bullet_id", "keep", "reason", "duplicate_of"):
         assert got[col].to_pylist() == want[col].to_pylist(), col
     assert got["score"].to_pylist() == pytest.approx(want["score"].to_pylist(), abs=1e-5)
+
+
+def test_train_with_a_local_out_the_worker_node_cannot_see_is_one_line_before_training(two_nodes, tmp_path: Path):
+    """The failure users met (a stage-2 Ray Train worker on another node could not read the stage-1 head) is now
+    refused up front, naming the path and the node."""
+    from test_train import _labels_for
+
+    from memprune.io import write_table
+    from memprune.synth import generate
+
+    address, _, _ = two_nodes
+    generate(conversations=6, sessions=3, out=tmp_path / "data", seed=1)
+    write_table(_labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")), tmp_path / "labels" /
+                "labels.parquet", "labels")
+    proc = subprocess.run([str(BIN / "memprune"), "train", "--data", str(tmp_path / "data"), "--labels",
+                           str(tmp_path / "labels"), "--out", str(tmp_path / "run"), "--seeds", "0", "--no-eval",
+                           "--set", f"ray.address={address}"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000"})
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"--out {tmp_path / 'run'}: not visible from node " in lines[0] and "Traceback" not in proc.stderr
+    assert not list((tmp_path / "run").rglob("*.safetensors"))  # nothing was trained
+
+
+def test_local_paths_on_a_filesystem_every_node_mounts_pass_the_check(two_nodes, scorer_dir: Path, msc_small: Path):
+    """/dev/shm is one filesystem for both nodes here, as NFS would be on a real cluster."""
+    import shutil
+    import tempfile
+
+    address, _, _ = two_nodes
+    shared = Path(tempfile.mkdtemp(prefix="memprune-shared-", dir="/dev/shm"))
+    try:
+        shutil.copytree(scorer_dir, shared / "scorer")
+        shutil.copy(msc_small / "bullets.parquet", shared / "bullets.parquet")
+        proc = _prune(address, "--scorer", str(shared / "scorer"), "--input", str(shared / "bullets.parquet"),
+                      "--out", str(shared / "out"), "--top-k", "3", "--set", "actors=2", "--set", "block_rows=32")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        summary = json.loads((shared / "out" / "prune.json").read_text())
+        assert summary["resources"]["nodes"] == 2 and summary["output"]["rows"] == summary["input"]["rows"]
+        assert not list(shared.rglob(".memprune-probe-*"))  # the probe files are removed
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -33,10 +33,17 @@ from memprune.prune.rule import (
 )
 from memprune.prune.scoring import KeptBullet, MemoryPruner, group_keys_of, score_and_embed, score_texts
 from memprune.prune.split import restore_bullets, write_split
-from memprune.prune.stage import check_scorer, run
 from memprune.prune.store import list_store_files, open_store, plan_store, read_pruned
 
-run_prune = run
+_STAGE = {"run": "run", "run_prune": "run", "check_scorer": "check_scorer"}
+
+
+def __getattr__(name: str):  # the stage (and the torch it loads) only when asked for: Ray Data's read, decide
+    if name in _STAGE:          # and write tasks import this package and need none of it
+        from memprune.prune import stage
+
+        return getattr(stage, _STAGE[name])
+    raise AttributeError(f"module 'memprune.prune' has no attribute {name!r}")
 
 __all__ = [
     "GROUP_KEYS",

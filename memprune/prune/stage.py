@@ -9,7 +9,6 @@ writes `OUT/prune.json` and `OUT/prune.md`: bullets and tokens per group before 
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from memprune.prune.store import (
 )
 from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors
 from memprune.scorer import ScorerError, check_artifact, load_calibration
-from memprune.storage import canonical, is_uri, location
+from memprune.storage import canonical, location
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
 from memprune.work import digest
@@ -98,7 +97,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
     started = time.perf_counter()
     out = check_out_location(config.out, "prune")
-    if out.local and not is_uri(config.input) and not (Path(config.input) / "bullets.parquet").is_file():
+    if out.local and location(config.input).local and not (Path(config.input) / "bullets.parquet").is_file():
         check_out_outside(out.as_path(), config.input, "input store")  # a dir read whole (not a corpus dir's one file)
     check_unit(config.tokenizer)
     scorer_info = check_scorer(config.scorer)

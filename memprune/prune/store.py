@@ -61,7 +61,7 @@ def list_store_files(input: str | os.PathLike[str]) -> list[Any]:
     Local files come back as Paths, files on object storage as their URIs."""
     loc = location(input, "--input")
     if loc.local:
-        p = Path(input)
+        p = Path(input) if not str(input).startswith("file://") else Path(loc.path)
         if p.is_file():
             return [p]
         if not p.exists():

@@ -22,7 +22,7 @@ from memprune.encoders import check_encoder
 from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_json, write_table, write_text
 from memprune.markdown import time_line
 from memprune.rejects import Ledger
-from memprune.runtime import check_resources, ensure_ray, use_gpu
+from memprune.runtime import check_paths_visible, check_resources, ensure_ray, use_gpu
 from memprune.timing import busy_seconds, time_split
 from memprune.train.config import STAGES, TrainConfig
 from memprune.train.data import data_fingerprint, load_labels, prepare_data
@@ -30,7 +30,7 @@ from memprune.train.embed import compute_embeddings, embedding_column
 from memprune.train.report import render_fold_report, render_report
 from memprune.train.splits import FOLD_MANIFEST, fold_assignment, fold_split
 from memprune.train.stages import STAGE_SPECS, TRAIN_FORMAT
-from memprune.train.trainer import Inputs, artifact_dir, run_stage
+from memprune.train.trainer import Inputs, artifact_dir, run_stage, storage_path
 
 console = Console(stderr=True)
 
@@ -46,6 +46,9 @@ def _prepare(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Pat
         ledger = Ledger(rejects)
         table, counts = prepare_data(cfg, ledger, assignment)
     ensure_ray(cfg.ray.address)
+    if any(STAGE_SPECS[s].trained and STAGE_SPECS[s].workers(cfg) for s in cfg.stages):
+        # Ray Train workers read the stage-1 artifacts and write checkpoints under --out: every node must see it
+        check_paths_visible({"--out": cfg.out, "train.ray.storage_path": storage_path(cfg)})
     check_resources(_requests(cfg))
     write_table(table.group_by(["conversation_id", "split"]).aggregate([]).sort_by("conversation_id"),
                 outputs.path("splits.parquet"))
