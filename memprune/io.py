@@ -336,10 +336,11 @@ class OutputSet:
 
         self.loc = location(out, "--out")
         self.remote = not self.loc.local
-        self.out = Path(str(out).removeprefix("file://")) if not self.remote else Path(tempfile.mkdtemp(prefix="memprune-out-"))
         self.step = step
-        self.staging = self.out / temp_name("staging")
         self.remote_staging = self.loc / f".staging-{uuid.uuid4().hex[:12]}" if self.remote else None
+        if not self.remote:
+            self.out = Path(str(out).removeprefix("file://"))
+            self.staging = self.out / temp_name("staging")
 
     def __enter__(self) -> "OutputSet":
         if self.remote:
@@ -347,6 +348,8 @@ class OutputSet:
             for name in {n.split("/", 1)[0] for n in self.loc.files()}:  # what crashed runs left
                 if name.startswith(".staging-"):
                     (self.loc / name).delete()
+            self.out = Path(tempfile.mkdtemp(prefix="memprune-out-"))  # the driver's files, uploaded at the commit
+            self.staging = self.out / temp_name("staging")
             self.staging.mkdir()
             return self
         check_out(self.out, self.step)
@@ -457,9 +460,8 @@ def _check_committed_remote(loc: Any) -> None:
         info = json.loads(marker.read_text())
     except ValueError:
         raise SchemaError(f"{marker}: unreadable output marker; rerun the step that writes {loc.parent}") from None
-    listing = loc.parent.files()
-    size = sum(s for f, s in listing.items() if f == loc.name or f.startswith(loc.name + "/"))
-    _check_marker(info, str(loc.parent), str(marker), loc.name, size if loc.exists() else None)
+    size = loc.stamp()[0] if loc.is_file() else sum(loc.files().values()) if loc.exists() else None
+    _check_marker(info, str(loc.parent), str(marker), loc.name, size)
 
 
 def _check_marker(info: dict[str, Any], parent: str, marker: str, name: str, size: int | None) -> None:

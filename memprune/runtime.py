@@ -162,9 +162,10 @@ def check_paths_visible(paths: Mapping[str, str | os.PathLike[str] | None]) -> N
         return
     probe = ray.remote(num_cpus=0, max_retries=0)(_probe)
     for what, value in paths.items():
-        if value is None or not location(value).local:
+        loc = None if value is None else location(value)
+        if loc is None or not loc.local:
             continue
-        target = Path(location(value).path).resolve()
+        target = Path(loc.path).resolve()
         made = None
         if target.is_file():
             st = target.stat()

@@ -14,6 +14,7 @@ remote directory (a scorer artifact) to this node once, cached by its listing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -28,7 +29,7 @@ from memprune.errors import MemPruneError
 
 SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 BROKEN = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")  # s3:/b/x: what a Path makes of s3://b/x
-PYARROW = {"s3": "s3", "gs": "gs", "gcs": "gs", "abfs": "abfs", "abfss": "abfs", "hdfs": "hdfs", "file": "file"}
+PYARROW = frozenset({"s3", "gs", "gcs", "abfs", "abfss", "hdfs", "file"})  # schemes pyarrow serves itself
 CACHE_ENV = "MEMPRUNE_CACHE_DIR"
 
 
@@ -98,11 +99,10 @@ class Location:
 
         return self._info().type == fs.FileType.Directory
 
-    def size(self) -> int:
-        return int(self._info().size or 0)
-
-    def mtime_ns(self) -> int | None:
-        return self._info().mtime_ns
+    def stamp(self) -> tuple[int, int | None]:
+        """(size in bytes, modification time in ns) of a file, from one lookup."""
+        info = self._info()
+        return int(info.size or 0), info.mtime_ns
 
     def read_bytes(self) -> bytes:
         try:
@@ -165,16 +165,20 @@ class Location:
             raise StorageError(f"{self.uri}: cannot delete: {_reason(exc)}") from None
 
     def copy_to(self, target: "Location") -> None:
-        """Copy this file or directory to `target` (server-side within one object store)."""
+        """Copy this file or directory to `target`: within one filesystem file by file with its own copy (server-side
+        on object storage, so no byte passes through this process); across filesystems through this process."""
         from pyarrow import fs
 
         try:
-            if self.is_dir():
+            if not _same_fs(self, target):
                 fs.copy_files(self.path, target.path, source_filesystem=self.fs, destination_filesystem=target.fs)
-            elif _same_fs(self, target):
-                self.fs.copy_file(self.path, target.path)
+            elif self.is_dir():
+                for name in self.files():
+                    if target.local:
+                        target.fs.create_dir((target / name).parent.path, recursive=True)
+                    self.fs.copy_file((self / name).path, (target / name).path)
             else:
-                fs.copy_files(self.path, target.path, source_filesystem=self.fs, destination_filesystem=target.fs)
+                self.fs.copy_file(self.path, target.path)
         except OSError as exc:
             raise StorageError(f"{self.uri} -> {target.uri}: cannot copy: {_reason(exc)}") from None
 
@@ -236,18 +240,25 @@ def location(value: str | os.PathLike[str] | Location, what: str = "path") -> Lo
         path = raw[len("file://"):]
         return Location(fs.LocalFileSystem(), os.path.abspath(path or "/"), raw, True)
     if scheme in PYARROW:
-        from pyarrow import fs
-
         try:
-            filesystem, path = fs.FileSystem.from_uri(raw)
+            filesystem, path = _from_uri(raw)
         except (OSError, ValueError) as exc:
             raise StorageError(f"{what} {raw}: {_reason(exc)}") from None
         return Location(filesystem, path.rstrip("/"), raw.rstrip("/"), False)
     return _fsspec_location(raw, scheme, what)
 
 
+@functools.lru_cache(maxsize=256)
+def _from_uri(raw: str) -> tuple[Any, str]:
+    """pyarrow's filesystem for a URI, made once per process: Ray Data's read tasks resolve the same files' URIs
+    block after block, and each new S3 filesystem is a new client."""
+    from pyarrow import fs
+
+    return fs.FileSystem.from_uri(raw)
+
+
 def _fsspec_location(raw: str, scheme: str, what: str) -> Location:
-    known = ", ".join(sorted(set(PYARROW))) + ", or a local path"
+    known = ", ".join(sorted(PYARROW)) + ", or a local path"
     try:
         import fsspec
         from pyarrow.fs import FSSpecHandler, PyFileSystem

@@ -36,7 +36,7 @@ from memprune.prune.store import (
     read_parquet,
 )
 from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors
-from memprune.scorer import ScorerError, check_artifact, load_calibration
+from memprune.scorer import ScorerError, artifact_path, check_artifact, load_calibration
 from memprune.storage import canonical, location
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
@@ -53,8 +53,9 @@ def check_scorer(path: str) -> dict[str, Any]:
     would cost a cluster's start-up and bury the reason in actor tracebacks.
     """
     try:
-        sc = check_artifact(path)
-        cal = load_calibration(path)
+        local = artifact_path(path)  # a URI: fetched once, then checked here
+        sc = check_artifact(local)
+        cal = load_calibration(local)
     except (ScorerError, EncoderError) as exc:
         raise PruneError(str(exc)) from exc
     return {"path": canonical(path), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
@@ -81,7 +82,7 @@ def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: lis
     payload = {"rule": config.rule.model_dump(mode="json"), "score": config.score, "scorer": scorer_info,
                "tokenizer": config.tokenizer,
                "limit_rows": config.limit_rows, "columns": config.columns,
-               "input": [(f.path, f.num_rows, location(f.path).size(), location(f.path).mtime_ns()) for f in files]}
+               "input": [(f.path, f.num_rows, *location(f.path).stamp()) for f in files]}
     return digest(payload)[:16]
 
 
