@@ -230,7 +230,9 @@ def test_local_paths_on_a_filesystem_every_node_mounts_pass_the_check(two_nodes,
                       "--out", str(shared / "out"), "--top-k", "3", "--set", "actors=2", "--set", "block_rows=32")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         summary = json.loads((shared / "out" / "prune.json").read_text())
-        assert summary["resources"]["nodes"] == 2 and summary["output"]["rows"] == summary["input"]["rows"]
+        # the check passed on both nodes and the job ran; how many nodes got a scoring actor is not asserted here: on
+        # a loaded machine this small job can end before the second actor reports (the S3 test above asserts it)
+        assert summary["output"]["rows"] == summary["input"]["rows"] and summary["resources"]["nodes"] >= 1
         assert not list(shared.rglob(".memprune-probe-*"))  # the probe files are removed
     finally:
         shutil.rmtree(shared, ignore_errors=True)
