@@ -49,16 +49,24 @@ def msc_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def msc_small(msc_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def msc_valid(msc_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The whole real MSC validation split, as ingested tables (built once); read it only."""
+    from memprune.ingest import ingest
+
+    full = tmp_path_factory.mktemp("msc_full")
+    ingest("msc", msc_dir, full, split="valid")
+    return full
+
+
+@pytest.fixture(scope="session")
+def msc_small(msc_valid: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The first 5 conversations of the real MSC validation split, as ingested tables (built once)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from memprune.ingest import ingest
     from memprune.io import read_table, write_table
 
-    full = tmp_path_factory.mktemp("msc_full")
-    ingest("msc", msc_dir, full, split="valid")
+    full = msc_valid
     sessions, bullets = read_table(full / "sessions.parquet", "sessions"), read_table(full / "bullets.parquet", "bullets")
     keep = pa.array(sorted(set(sessions.column("conversation_id").to_pylist()))[:5])
     out = tmp_path_factory.mktemp("msc_small")

@@ -298,3 +298,39 @@ def test_plan_prompt_tokens_are_what_the_engine_reports(ray_local, tiny_llm: str
     assert not off, off
     assert len(set(usage.values())) > 2  # the targets' prompts do differ in length (the check has teeth)
     assert pw["prompt_tokens"] == sum(counted_by_plan.values())  # the CLI's plan is these prompts
+
+
+@pytest.mark.slow  # a Ray Data job of 20 s or more
+def test_plan_measure_judges_real_msc_pairs_and_plans_from_the_measured_rate(ray_local, tiny_llm: str,
+                                                                             msc_small: Path, tmp_path: Path):
+    """`label --plan --measure 200` on MSC valid (its first conversations): the chosen judge runs on 200 real pairs here, and the plan's time
+    comes from what it measured (two passes: start-up and rate apart), not from an assumed throughput."""
+    from typer.testing import CliRunner
+
+    from memprune.cli import app
+
+    (tmp_path / "llm.yaml").write_text(yaml.safe_dump(_hf_llm(tiny_llm, max_retries=0,
+                                                              sampling={"max_tokens": {"judge": 6}})))
+    res = CliRunner().invoke(app, ["label", "--data", str(msc_small), "--out", str(tmp_path / "plan"), "--plan",
+                                   "--measure", "200", "--judge", "llm", "--llm-config", str(tmp_path / "llm.yaml"),
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    m = plan["measured"]
+    assert m["judge"] == "pairwise" and 200 <= m["pairs"] < 260  # whole target turns, from the real corpus
+    assert plan["pairs"] > 3 * m["pairs"]  # the plan is of the whole corpus, measured on a sample
+    assert [p[0] for p in m["passes"]] and sum(p[0] for p in m["passes"]) == m["pairs"]
+    assert len(m["passes"]) == 2 and m["passes"][0][0] != m["passes"][1][0]  # two passes of different sizes
+    assert m["pairs_per_s"] > 0 and m["prompt_tokens_per_s"] > 0 and 0 <= m["error_rate"] <= 1
+    startup = m["startup_s_per_pass"] or 0.0
+    expected = (m["planned_passes"] * startup + plan["pairs"] / m["items_per_s"]) / 3600
+    assert m["planned_hours"] == pytest.approx(expected, rel=1e-6)
+    assert m["planned_passes"] == -(-plan["pairs"] // 4096)  # the run's own shards, each a pass
+    assert plan["modes"]["pairwise"]["hours_at_measured"] == m["planned_hours"]
+    listwise = plan["modes"]["listwise"]  # other modes: their effective tokens at the measured tokens/s
+    assert listwise["hours_at_measured"] == pytest.approx(
+        listwise["effective_tokens"] / m["effective_tokens_per_s"] / 3600)
+    assert "Measured on this hardware: the pairwise judge" in res.output and "planned from the measured" in res.output
+    assert not (tmp_path / "plan" / "pairs.parquet").exists() and not list((tmp_path / "plan").glob(".work*"))
+    with pytest.raises(ValueError, match="give it with --plan"):
+        LabelConfig(data=msc_small, out=tmp_path / "x", cost={"measure": 5})

@@ -1,5 +1,5 @@
-"""`memprune tune`: Ray Tune over stage 1 and stage 2 on a tiny corpus, ASHA stopping a bad stage-2 trial; the
-CLI and `jobs/tune.py` over a stage-1 search with a failing trial, rerun to reuse the finished ones."""
+"""`memprune tune`: one search through the CLI over stage 1 (a trial killed) and stage 2 (ASHA stopping a bad trial)
+on a tiny corpus, then `jobs/tune.py` reusing the finished trials."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from test_train import _labels_for
 
 from memprune.io import write_table
 from memprune.train import TrainConfig
-from memprune.tune import TuneConfig, run_tune
+from memprune.tune import TuneConfig
 from memprune.tune.config import apply_point
 from memprune.tune.stage import _trial_out
 
@@ -50,42 +50,6 @@ def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TuneConfig:
     }
     base.update(extra)
     return TuneConfig.model_validate(base)
-
-
-@pytest.mark.slow
-def test_tune_searches_both_stages_and_stops_a_bad_trial(corpus: tuple[Path, Path], tmp_path: Path,
-                                                         ray_local: Any) -> None:
-    out = tmp_path / "tune"
-    tuned = tmp_path / "configs" / "train-tuned.yaml"
-    summary = run_tune(_config(*corpus, out, tuned_config=tuned))
-    written = json.loads((out / "tune.json").read_text())
-    assert written["stage2_gain_valid"] == summary["stage2_gain_valid"]
-    s1, s2 = written["stage1_trials"], written["stage2_trials"]
-    # stage 1: the base settings (a one-trial search here, to keep the test short)
-    assert len(s1) == 1 and s1[0]["status"] == "completed" and s1[0]["metric"] is not None
-    assert s1[0]["settings"]["stage1.lr"] == 3e-3 and s1[0]["history"]  # its epochs reached Tune too
-    assert len(s2) == 3 and all(r["cost_s"] > 0 for r in s2)
-    stopped = [r for r in s2 if r["status"] == "stopped early"]
-    assert stopped, [(r["settings"], r["status"], r["history"]) for r in s2]  # ASHA cut a trial at its first rung
-    assert all(r["epochs_run"] < 2 for r in stopped) and written["stopped_early"] == len(stopped)
-    completed = [r for r in s2 if r["status"] == "completed"]
-    assert completed and all(len(r["history"]) == r["epochs_run"] for r in completed)  # each epoch reached Tune
-    best = written["best_stage2"]
-    assert best["metric"] == max(r["metric"] for r in completed)
-    # trials with the chosen stage 1's loss start from its one artifact; the ranking-loss trial trained its own
-    # stage 1 (the loss is shared by both stages, as in `memprune train`)
-    for r in s2:
-        start = _trial_out(out / "trials", "stage2", r["settings"]) / "stage1" / "seed0"
-        assert start.is_symlink() == (r["settings"]["loss.rank_weight"] == 0.0), r["settings"]
-        assert (start / "train.json").is_file() or r["status"] == "stopped early"
-    # the best settings are a ready train config, also written where asked
-    assert tuned.read_text() == (out / "train-tuned.yaml").read_text()
-    cfg = TrainConfig.model_validate(yaml.safe_load(tuned.read_text()))
-    assert cfg.stage2.lr == best["settings"]["stage2.lr"] and cfg.loss.rank_weight == best["settings"]["loss.rank_weight"]
-    assert cfg.stage1.lr == 3e-3 and cfg.stage2.lora.r == 2
-    md = (out / "tune.md").read_text()
-    assert "stopped early (ASHA)" in md and "## Stage 2" in md
-    assert (out / "tune.png").stat().st_size > 1000
 
 
 def test_tune_config_refuses_bad_spaces(corpus: tuple[Path, Path], tmp_path: Path) -> None:
@@ -125,23 +89,21 @@ def test_a_failed_trial_is_recorded_as_its_cause_in_one_line() -> None:
     assert len(error_line(wrapped(ValueError("x" * 1000)))) == 300
 
 
-def _search_yaml(data: Path, labels: Path, out: Path, marker: Path) -> str:
-    """A stage-1-only search of two trials; the first trial's worker is SIGKILLed in its second epoch and its
-    Ray Train run may not retry (`ray.max_failures: 0`), so that trial fails as a trial does when a node dies."""
-    return yaml.safe_dump({
-        "data": str(data), "labels": [str(labels)], "out": str(out), "max_concurrent": 1,
-        "stage1_space": {"stage1.lr": {"low": 1e-3, "high": 3e-2, "log": True}}, "stage2_trials": 0,
-        "train": {
-            "max_length": 24, "split": {"valid": 3, "test": 2}, "head": {"hidden": 16},
-            "stage1": {"epochs": 2, "lr": 3e-3, "batch_size": 32, "patience": 2},
-            "embed": {"batch_size": 64, "actors": 1}, "ray": {"num_workers": 1, "use_gpu": False, "max_failures": 0},
-            "fault": {"stage": "stage1", "after_epoch": 1, "marker": str(marker)},
-        },
-    })
+def _search_yaml(data: Path, labels: Path, out: Path, marker: Path, tuned: Path) -> str:
+    """Both searches: two stage-1 trials, the first to reach its second epoch SIGKILLed there, and its Ray Train
+    run may not retry (`ray.max_failures: 0`), so that trial fails as a trial does when a node dies; then three
+    stage-2 trials: the base settings, a ranking-loss trial (its own stage 1) and a destructive step size."""
+    cfg = _config(data, labels, out, tuned_config=tuned,
+                  stage1_space={"stage1.lr": {"low": 1e-3, "high": 3e-2, "log": True}}, stage1_trials=2)
+    raw = cfg.model_dump(mode="json", exclude_unset=True)
+    raw["train"]["stage1"]["epochs"] = 2
+    raw["train"]["ray"]["max_failures"] = 0
+    raw["train"]["fault"] = {"stage": "stage1", "after_epoch": 1, "marker": str(marker)}
+    return yaml.safe_dump(raw)
 
 
 @pytest.mark.slow
-def test_tune_cli_records_a_failed_trial_goes_on_and_a_job_rerun_reuses_the_finished(
+def test_tune_cli_searches_both_stages_records_a_killed_trial_asha_stops_a_bad_one_and_a_job_rerun_reuses(
         corpus: tuple[Path, Path], tmp_path: Path, ray_local: Any) -> None:
     import subprocess
     import sys
@@ -150,43 +112,63 @@ def test_tune_cli_records_a_failed_trial_goes_on_and_a_job_rerun_reuses_the_fini
 
     from memprune.cli import app
 
-    out, marker = tmp_path / "tune", tmp_path / "killed.txt"
+    out, marker, tuned = tmp_path / "tune", tmp_path / "killed.txt", tmp_path / "configs" / "train-tuned.yaml"
     config = tmp_path / "tune.yaml"
-    config.write_text(_search_yaml(*corpus, out, marker))
-    res = CliRunner().invoke(app, ["tune", "--config", str(config), "--stage1-trials", "2"])
+    config.write_text(_search_yaml(*corpus, out, marker, tuned))
+    res = CliRunner().invoke(app, ["tune", "--config", str(config)])
     assert res.exit_code == 0, res.output
     assert marker.is_file()  # the fault fired: one trial's worker was killed
-    first = json.loads((out / "tune.json").read_text())
-    s1 = first["stage1_trials"]
+    written = json.loads((out / "tune.json").read_text())
+    s1, s2 = written["stage1_trials"], written["stage2_trials"]
+
+    # stage 1: the killed trial is one clear recorded error, and the search went on
     assert len(s1) == 2 and len({r["settings"]["stage1.lr"] for r in s1}) == 2
     failed = [r for r in s1 if r["status"] == "error"]
     done = [r for r in s1 if r["status"] == "completed"]
-    # the base point runs first and is the one killed: one clear recorded error; the search went on
-    assert len(failed) == 1 and failed[0]["settings"]["stage1.lr"] == 3e-3, [(r["status"], r["error"]) for r in s1]
+    assert len(failed) == 1 and len(done) == 1, [(r["status"], r["error"]) for r in s1]
     err = failed[0]["error"]  # the cause, in one line: not Ray's coloured wrapper header
     assert re.match(r"\w+(Error|Exception): \S", err) and "\n" not in err and "\x1b" not in err and "ray::" not in err
-    assert len(done) == 1 and all(r["metric"] is not None and not r["reused"] for r in done)
-    best = max(done, key=lambda r: r["metric"])  # the failed trial's last epoch reported a metric too: never chosen
-    assert first["stage1_chosen"]["metric"] is not None and first["best_stage2"] is None
-    tuned = yaml.safe_load((out / "train-tuned.yaml").read_text())
-    assert tuned["stage1"]["lr"] == pytest.approx(best["settings"]["stage1.lr"])
-    assert "| error |" in (out / "tune.md").read_text()
+    assert done[0]["metric"] is not None and not done[0]["reused"] and done[0]["history"]  # its epochs reached Tune
+    assert written["stage1_chosen"]["metric"] is not None  # the failed trial's last epoch reported too: never chosen
 
-    # the same search again as a Ray job (its own process and Ray): the finished trials are read back, not
+    # stage 2 from the chosen stage 1: ASHA cut a trial at its first rung
+    assert len(s2) == 3 and all(r["cost_s"] > 0 for r in s2)
+    stopped = [r for r in s2 if r["status"] == "stopped early"]
+    assert stopped, [(r["settings"], r["status"], r["history"]) for r in s2]
+    assert all(r["epochs_run"] < 2 for r in stopped) and written["stopped_early"] == len(stopped)
+    completed = [r for r in s2 if r["status"] == "completed"]
+    assert completed and all(len(r["history"]) == r["epochs_run"] for r in completed)  # each epoch reached Tune
+    best = written["best_stage2"]
+    assert best["metric"] == max(r["metric"] for r in completed)
+    # trials with the chosen stage 1's loss start from its one artifact; the ranking-loss trial trained its own
+    # stage 1 (the loss is shared by both stages, as in `memprune train`)
+    for r in s2:
+        start = _trial_out(out / "trials", "stage2", r["settings"]) / "stage1" / "seed0"
+        assert start.is_symlink() == (r["settings"]["loss.rank_weight"] == 0.0), r["settings"]
+        assert (start / "train.json").is_file() or r["status"] == "stopped early"
+    # the best settings are a ready train config, also written where asked
+    assert tuned.read_text() == (out / "train-tuned.yaml").read_text()
+    cfg = TrainConfig.model_validate(yaml.safe_load(tuned.read_text()))
+    assert cfg.stage2.lr == best["settings"]["stage2.lr"] and cfg.loss.rank_weight == best["settings"]["loss.rank_weight"]
+    assert cfg.stage1.lr == pytest.approx(done[0]["settings"]["stage1.lr"]) and cfg.stage2.lora.r == 2
+    md = (out / "tune.md").read_text()
+    assert "stopped early (ASHA)" in md and "## Stage 2" in md and "| error |" in md
+    assert (out / "tune.png").stat().st_size > 1000
+
+    # the stage-1 search again as a Ray job (its own process and Ray): the finished trial is read back, not
     # retrained; the failed one runs again, and (the fault fired once) finishes now
     log = tmp_path / "job.log"
     with open(log, "wb") as fh:
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "jobs" / "tune.py"),
-                               str(config), "stage1_trials=2"], stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+                               str(config), "stage2_trials=0"], stdout=fh, stderr=subprocess.STDOUT, timeout=600)
     assert proc.returncode == 0, log.read_text()[-3000:]
     again = json.loads((out / "tune.json").read_text())
     by_lr = {r["settings"]["stage1.lr"]: r for r in again["stage1_trials"]}
     assert set(by_lr) == {r["settings"]["stage1.lr"] for r in s1}  # the same seeded samples
-    for r in done:
-        reused = by_lr[r["settings"]["stage1.lr"]]
-        assert reused["status"] == "completed" and reused["reused"] and reused["metric"] == r["metric"]
-        assert reused["cost_s"] == pytest.approx(r["train_s"], abs=1e-3)  # what its first run cost, not the lookup
-    retried = by_lr[3e-3]
+    reused = by_lr[done[0]["settings"]["stage1.lr"]]
+    assert reused["status"] == "completed" and reused["reused"] and reused["metric"] == done[0]["metric"]
+    assert reused["cost_s"] == pytest.approx(done[0]["train_s"], abs=1e-3)  # what its first run cost, not the lookup
+    retried = by_lr[failed[0]["settings"]["stage1.lr"]]
     assert retried["status"] == "completed" and not retried["reused"] and retried["error"] is None
 
 

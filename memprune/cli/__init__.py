@@ -135,6 +135,8 @@ def label(
                                                                            "tokens/s, for GPU-hours."),
     decode_throughput: Optional[float] = typer.Option(None, "--decode-throughput", help="--plan/cost: GPU generated "
                                                       "tokens/s [default: --throughput]."),
+    measure: Optional[int] = typer.Option(None, "--measure", help="--plan: first judge N real pairs with the chosen "
+                                          "judge here and plan the run's time from the measured throughput."),
     plan_tokenizer: Optional[str] = typer.Option(None, "--plan-tokenizer", help="Fallback tokenizer (dir or "
                                                  "tokenizer.json) when the judge model's is not local [default: MiniLM]."),
     speaker: Optional[str] = typer.Option(None, "--speaker", help="Target turns: all (default), same or other speaker than the bullet's."),
@@ -162,6 +164,7 @@ def label(
         "judge_mode": judge_mode, "listwise.orders": listwise_orders, "judge_set": _csv(judge_set),
         "judge_samples": judge_samples, "judge_temperature": judge_temperature, "plan": True if plan else None,
         "cost.throughput": throughput, "cost.decode_throughput": decode_throughput, "cost.tokenizer": plan_tokenizer,
+        "cost.measure": measure,
         "progress": False if no_progress else None}, llm_set)
     if summary["stage"] == "label-plan":
         from memprune.label.report import render_plan

@@ -61,6 +61,9 @@ class CostOptions(ConfigModel):
     decode_throughput: float | None = Field(
         None, gt=0, description="GPU throughput in generated tokens/s; None: the same as `throughput`")
     block_size: int = Field(16, ge=1, description="prefix-cache block: only whole blocks of a shared prefix are reused")
+    measure: int | None = Field(
+        None, ge=1, description="--plan: first judge this many real pairs with the chosen judge on this hardware and "
+                                "plan the run's time from the measured throughput")
 
 
 class QALabelSettings(ConfigModel):
@@ -124,6 +127,8 @@ class LabelSettings(ConfigModel):
             check(self)
         if entry.by_target and self.order != "target":
             raise ValueError(f"the {entry.kind} judge groups pairs by target turn: set order=target")
+        if self.cost.measure and not self.plan:
+            raise ValueError("cost.measure (--measure) plans a run: give it with --plan")
         if self.judge_set and self.judge_samples > 1:
             raise ValueError("give either judge_set (several judges) or judge_samples (one judge sampled k times)")
         if self.judge_set and not model_judge:

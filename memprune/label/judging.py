@@ -72,6 +72,7 @@ def _merge(into: dict[str, Any], run: dict[str, Any]) -> None:
     for key in ("shards_total", "shards_reused", "pairs_judged", "judge_s", "lists_planned"):
         if key in run:
             into[key] = into.get(key, 0) + run[key]
+    into["passes"] = into.get("passes", []) + run.get("passes", [])
     counters = into.setdefault("counters", {})
     for key, value in run.get("counters", {}).items():
         counters[key] = counters.get(key, 0) + value

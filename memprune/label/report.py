@@ -69,9 +69,10 @@ def plan_rows(s: dict[str, Any]) -> list[list[str]]:
     rows = []
     for mode, m in s["modes"].items():
         share = fmt(m["prefix_cache_reusable_share"], 3) if m["prefix_cache_used"] else "0 (not used)"
-        rows.append([mode + (" (chosen)" if mode == s["chosen"] else ""), f"{m['calls']:,}", f"{m['prompt_tokens']:,}",
-                     f"{m['generated_tokens']:,}", fmt(m["prompt_tokens_per_pair"], 1), share,
-                     f"{m['effective_tokens']:,}", fmt(m["gpu_hours"], 2)])
+        row = [mode + (" (chosen)" if mode == s["chosen"] else ""), f"{m['calls']:,}", f"{m['prompt_tokens']:,}",
+               f"{m['generated_tokens']:,}", fmt(m["prompt_tokens_per_pair"], 1), share,
+               f"{m['effective_tokens']:,}", fmt(m["gpu_hours"], 2)]
+        rows.append(row + [fmt(m.get("hours_at_measured"), 3)] if "measured" in s else row)
     return rows
 
 
@@ -87,11 +88,31 @@ def render_plan(s: dict[str, Any]) -> str:
         "(uncached prompt tokens / prefill throughput + generated tokens / decode throughput) / 3600.",
         "",
         *table(["mode", "LLM calls", "prompt tokens", "generated tokens", "prompt tokens / pair",
-                "prefix-cache reusable", "effective tokens", f"GPU-hours @ {at}"], plan_rows(s)),
+                "prefix-cache reusable", "effective tokens", f"GPU-hours @ {at}"]
+               + (["hours @ measured"] if "measured" in s else []), plan_rows(s)),
         "",
         f"Listwise needs {fmt(s['listwise_saving'], 1)}x fewer prompt tokens per pair than pairwise.",
         "",
     ]
+    m = s.get("measured")
+    if m:
+        how = ("the measured pairs over the measured seconds, engine start-up included (the passes did not separate "
+               "start-up from rate)" if m["rate_includes_startup"] else
+               f"a line through its {len(m['passes'])} passes: {fmt(m['startup_s_per_pass'], 1)} s of start-up per "
+               f"pass + {fmt(m['items_per_s'], 1)} judged rows/s")
+        lines += [
+            f"## Measured on this hardware: the {m['judge']} judge on {m['pairs']:,} pairs",
+            "",
+            f"{fmt(m['pairs_per_s'], 2)} pairs/s from {how}; {fmt(m['prompt_tokens_per_s'], 0)} prompt and "
+            f"{fmt(m['generated_tokens_per_s'], 0)} generated tokens/s; error rate {fmt(m['error_rate'], 3)}; "
+            f"{m['wall_s']} s in all.",
+            "",
+            f"**The whole run ({s['pairs']:,} pairs, {m['planned_passes']} passes): "
+            f"{fmt(m['planned_hours'], 3)} hours** on this hardware, planned from the measured throughput, not an "
+            "assumed one. The other modes' `hours @ measured` are their effective tokens at the chosen judge's "
+            "measured effective tokens/s.",
+            "",
+        ]
     return "\n".join(lines)
 
 

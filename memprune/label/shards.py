@@ -102,6 +102,7 @@ def run_shards(bounds: list[tuple[int, int]], samples: int, work: WorkDir, kind:
     stats: dict[str, Any] = {"shards_total": len(bounds), "shards_reused": len(bounds) - len(pending)}
     t0 = time.perf_counter()
     judged = 0
+    passes: list[list[float]] = []  # (judged rows, seconds) of each pass: --plan --measure fits start-up and rate
     if pending:
         if setup is not None:
             setup()
@@ -109,7 +110,9 @@ def run_shards(bounds: list[tuple[int, int]], samples: int, work: WorkDir, kind:
                    disable=not progress)
         for i in pending:
             a, b = bounds[i]
+            started = time.perf_counter()
             table, counters = compute(a, b)
+            passes.append([(b - a) * samples, time.perf_counter() - started])
             table = table.sort_by([("sample", "ascending"), ("pos", "ascending")])
             want_sample, want_pos = expected_keys(a, b, samples)
             if not (table.num_rows == len(want_pos)
@@ -123,6 +126,7 @@ def run_shards(bounds: list[tuple[int, int]], samples: int, work: WorkDir, kind:
         bar.close()
     stats["judge_s"] = time.perf_counter() - t0
     stats["pairs_judged"] = judged
+    stats["passes"] = passes
     tables, totals = [], {}
     for i, (a, b) in enumerate(bounds):
         loaded = load_shard(paths[i], a, b, samples)

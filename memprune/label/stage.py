@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from rich.console import Console
 
 from memprune.io import OutputSet, check_out, read_table, write_jsonl, write_summary, write_table
 from memprune.label.aggregate import aggregate
@@ -44,6 +45,8 @@ from memprune.label.sources import SOURCES
 from memprune.label.summary import judge_summary
 from memprune.schema import PAIRS
 from memprune.work import file_digest
+
+console = Console(stderr=True)
 
 # pairs.parquet: the PAIRS contract plus the horizon (labels can be recomputed from it alone) and the
 # judge mode of each row (pairwise, listwise, likelihood, similarity; a consensus of several: mixed).
@@ -193,11 +196,14 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
         summarize = JUDGES[mode].plan_summary
         if summarize is not None:
             extra.update(summarize(modes))
+    chosen = cfg.judge_entry()
+    if cfg.cost.measure:
+        extra["measured"] = _measured(cfg, chosen, sessions, bullets, inputs, modes)
     summary = {
         "stage": "label-plan",
         "tokenizer": counter.name,
         "model": llm.model if llm else None,
-        "chosen": cfg.judge_entry().kind,
+        "chosen": chosen.kind,
         "pairs": plan.pairs.num_rows,
         "bullets": plan.n_bullets,
         "target_turns": len({t for t in plan.pairs.column("turn_id").to_pylist()}),
@@ -213,6 +219,31 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     write_summary(out, "plan", summary, render_plan(summary))
     return summary
+
+
+def _measured(cfg: LabelConfig, entry: Any, sessions: pa.Table, bullets: pa.Table, inputs: dict[str, str],
+              modes: dict[str, Any]) -> dict[str, Any]:
+    """`--measure N`: the chosen judge on N real pairs, the run planned from it; each mode's GPU-hours at the
+    measured effective tokens/s where no --throughput was given."""
+    from memprune.label.measure import measure
+
+    if entry.needs_llm:
+        from memprune.label.consensus import judge_specs
+
+        for spec in judge_specs(cfg):
+            spec.llm.check_model()
+    plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=entry.context)
+    console.print(f"measuring the {entry.kind} judge on {min(cfg.cost.measure or 0, plan.pairs.num_rows)} pairs",
+                  highlight=False)
+    m = measure(cfg, plan, inputs, cfg.cost.measure or 0)
+    own = modes.get(entry.kind)
+    if own is not None and m["pairs_per_s"] and own["pairs"]:
+        tokens_per_s = own["effective_tokens"] / own["pairs"] * m["pairs_per_s"]  # effective tokens the judge did
+        m["effective_tokens_per_s"] = tokens_per_s
+        for mode in modes.values():
+            mode["hours_at_measured"] = mode["effective_tokens"] / tokens_per_s / 3600
+        own["hours_at_measured"] = m["planned_hours"]  # its own plan counts its passes' start-ups too
+    return m
 
 
 def run_source(cfg: LabelConfig) -> dict[str, Any]:
