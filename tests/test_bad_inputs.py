@@ -205,6 +205,8 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
         ("plan-llm-missing", [*plan, "--judge", "llm", "--llm-config", str(r / "x.yaml")], "x.yaml", o),
         ("plan-out-file", ["label", "--data", corpus, "--out", afile, "--plan"], "a-file", None),
         ("plan-out-is-data", ["label", "--data", corpus, "--out", corpus, "--plan"], "must differ", corpus),
+        ("measure-without-plan", [*label, "--measure", "20"], "give it with --plan", o),
+        ("measure-zero", [*plan, "--measure", "0"], "cost.measure", o),
         # train
         ("train-missing-data", ["train", "--data", str(r / "missing"), "--labels", labels, "--out", o], "missing", o),
         ("train-missing-labels", ["train", "--data", corpus, "--labels", str(r / "nolabels"), "--out", o],

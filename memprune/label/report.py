@@ -99,7 +99,7 @@ def render_plan(s: dict[str, Any]) -> str:
         how = ("the measured pairs over the measured seconds, engine start-up included (the passes did not separate "
                "start-up from rate)" if m["rate_includes_startup"] else
                f"a line through its {len(m['passes'])} passes: {fmt(m['startup_s_per_pass'], 1)} s of start-up per "
-               f"pass + {fmt(m['items_per_s'], 1)} judged rows/s")
+               f"pass + {fmt(m['items_per_s'], 2)} judged rows/s")
         lines += [
             f"## Measured on this hardware: the {m['judge']} judge on {m['pairs']:,} pairs",
             "",
