@@ -10,7 +10,9 @@ is exactly what the malformed-output tests need.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -41,11 +43,17 @@ def corpus(n: int = 400, seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tiny_llm(out_dir: str | Path, seed: int = 0, vocab_size: int = 2000, max_positions: int = 2048) -> Path:
-    """Write a random tiny Llama + trained BPE tokenizer with a chat template to `out_dir`."""
+def build_tiny_llm(out_dir: str | Path, seed: int = 0, vocab_size: int = 2000, max_positions: int = 2048,
+                   texts: Iterable[str] = (), shape: dict[str, Any] | None = None, weights: bool = True) -> Path:
+    """Write a random tiny Llama + trained BPE tokenizer with a chat template to `out_dir`.
+
+    `texts`: more tokenizer training text (e.g. a real corpus, for a realistic vocabulary); `shape`:
+    `LlamaConfig` fields over the tiny ones (e.g. an 8B architecture); `weights=False`: config.json and
+    the tokenizer only, no weights (for vLLM's `load_format: dummy`, which fills them with random values).
+    """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +67,7 @@ def build_tiny_llm(out_dir: str | Path, seed: int = 0, vocab_size: int = 2000, m
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus(seed=seed), trainer=trainer)
+    tok.train_from_iterator([*corpus(seed=seed), *texts], trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<|pad|>",
@@ -73,21 +81,18 @@ def build_tiny_llm(out_dir: str | Path, seed: int = 0, vocab_size: int = 2000, m
     tokenizer.save_pretrained(out)
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        head_dim=32,
-        max_position_embeddings=max_positions,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
-    )
+    config = LlamaConfig(**{
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "head_dim": 32, "torch_dtype": "float32", **(shape or {}),
+        # a `shape` vocab larger than the tokenizer's pads the embedding (as many released models do)
+        "vocab_size": max(len(tokenizer), (shape or {}).get("vocab_size", 0)), "max_position_embeddings": max_positions,
+        "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None,
+        "tie_word_embeddings": False,
+    })
+    if not weights:
+        config.save_pretrained(out)
+        GenerationConfig(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id).save_pretrained(out)
+        return out
     model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
