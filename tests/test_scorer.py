@@ -175,6 +175,27 @@ def test_16_bit_scores_agree_with_fp32(fitted: tuple[Scorer, Any, Path], precisi
     assert min(rhos) >= 0.95 and np.mean(rhos) >= 0.99, (min(rhos), np.mean(rhos))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_scores_agree_with_the_cpu_fp32_scores(fitted: tuple[Scorer, Any, Path], precision: str) -> None:
+    """The same artifact on a CUDA device (what the GPU prune job and `MemoryPruner` on a GPU host run): fp32
+    within 1e-4 of the CPU, bf16 within the 16-bit tolerance above; the session ranks agree."""
+    from scipy.stats import spearmanr
+
+    from memprune.prune import MemoryPruner
+
+    scorer, bullets, artifact = fitted
+    texts = bullets["text"].tolist()
+    exact = scorer.score(texts)
+    pruner = MemoryPruner(artifact, device="cuda", precision=precision)
+    assert str(pruner.scorer.device).startswith("cuda") and pruner.scorer.precision == precision
+    got = pruner.score(texts)
+    assert np.abs(got - exact).max() <= (1e-4 if precision == "fp32" else 0.03)
+    rhos = [spearmanr(g["a"], g["b"]).statistic
+            for _, g in bullets.assign(a=exact, b=got).groupby(["conversation_id", "session_index"])]
+    assert min(rhos) >= 0.95 and np.mean(rhos) >= 0.99, (min(rhos), np.mean(rhos))
+
+
 def test_precision_is_set_at_construction_only(fitted: tuple[Scorer, Any, Path]) -> None:
     """Precision is a keyword of `Scorer.load`/`Scorer.build`, resolved there from the device, then read-only."""
     from memprune.prune import MemoryPruner
