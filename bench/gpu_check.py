@@ -111,9 +111,10 @@ def gpu_sampled(into: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def one_line(exc: BaseException) -> str:
-    """`Type: first line of the message`."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:240] if text else ''}"
+    """`Type: message`, on one line (memprune's `one_line` of the message)."""
+    from memprune.runtime import one_line as message
+
+    return f"{type(exc).__name__}: {message(exc)[:240]}"
 
 
 GPU_IDLE_MIB = (smi("memory.used") or [0.0])[0]  # what other processes hold when this one starts
@@ -145,13 +146,6 @@ def judge_model(data: Path, path: Path, a: dict[str, Any]) -> Path:
     texts += read_table(data / "bullets.parquet", "bullets").column("text").to_pylist()
     return build_tiny_llm(path, vocab_size=a["vocab"], max_positions=a["max_positions"], texts=texts,
                           shape=a["shape"], weights=False)
-
-
-def prefix_hit_rate(llm: Any) -> float | None:
-    """vLLM's prefix-cache hits / queries (tokens) of an `LLM` run with stats on; None where it has no counters."""
-    counts = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
-    queries = counts.get("vllm:prefix_cache_queries")
-    return round(counts.get("vllm:prefix_cache_hits", 0) / queries, 4) if queries else None
 
 
 def section_judge(a: dict[str, Any]) -> dict[str, Any]:
@@ -241,20 +235,9 @@ def section_judge(a: dict[str, Any]) -> dict[str, Any]:
     progress(f"judge listwise: {listwise['pairs_per_s']} pairs/s")
     wait_gpu_free()
 
-    import vllm
-
-    engines: list[Any] = []
-
-    class KeptLLM(vllm.LLM):  # bench_vllm_offline's engine, kept to read its prefix-cache counters
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            engines.append(self)
-
-    vllm.LLM = KeptLLM
-    ref = lb.bench_vllm_offline(rows, cfg)
+    ref = lb.bench_vllm_offline(rows, cfg)  # with its prefix-cache hit rate (the stats are on: `fixed`)
     ref.update(prompt_tokens_per_s=round(ours["tokens_in"] / ref["generate_s"], 1),
-               generated_tokens_per_s=round(ref["tokens_out"] / ref["generate_s"], 1),
-               prefix_cache_hit_rate=prefix_hit_rate(engines[0]) if engines else None)
+               generated_tokens_per_s=round(ref["tokens_out"] / ref["generate_s"], 1))
     return {"model": {"dir": str(model), "shape": a["shape"] or "tiny", "load_format": "dummy",
                       "vocab_size": json.loads((model / "config.json").read_text())["vocab_size"]},
             "pairs": len(rows), "sweep": sweep, "best": ours, "listwise": listwise, "offline": ref,
@@ -472,10 +455,10 @@ def headline(name: str, r: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
-    """A Markdown table of `rows`, one column per key (– where a row lacks it)."""
-    cell = lambda v: "–" if v is None else str(v)  # noqa: E731
-    return ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys),
-            *("| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows), ""]
+    """A Markdown table of `rows`, one column per key (– where a row lacks it), then a blank line."""
+    from memprune.markdown import table as markdown_table
+
+    return [*markdown_table(keys, [["–" if r.get(k) is None else r.get(k) for k in keys] for r in rows]), ""]
 
 
 def markdown(report: dict[str, Any]) -> str:

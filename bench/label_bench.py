@@ -148,9 +148,20 @@ def bench_vllm_offline(rows: list[dict[str, Any]], config: Any) -> dict[str, Any
     outs = llm.generate(prompts, params)
     t2 = time.perf_counter()
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"engine": "vllm-offline", "pairs": len(rows), "init_s": round(t1 - t0, 2), "generate_s": round(t2 - t1, 2),
+    return {"engine": "vllm-offline", "prefix_cache_hit_rate": prefix_hit_rate(llm),
+            "pairs": len(rows), "init_s": round(t1 - t0, 2), "generate_s": round(t2 - t1, 2),
             "pairs_per_s_generate": round(len(rows) / (t2 - t1), 2),
             "pairs_per_s_with_init": round(len(rows) / (t2 - t0), 2), "tokens_out": n_out}
+
+
+def prefix_hit_rate(llm: Any) -> float | None:
+    """vLLM's prefix-cache hits / queries (tokens) of an `LLM`; None where it keeps no stats
+    (`engine_kwargs.disable_log_stats: false` turns them on) or has no such counters."""
+    if not getattr(llm.llm_engine, "log_stats", False):
+        return None
+    counts = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()}
+    queries = counts.get("vllm:prefix_cache_queries")
+    return round(counts.get("vllm:prefix_cache_hits", 0) / queries, 4) if queries else None
 
 
 def bench_replicas(data: Path, tmp: Path, base: str, model: str, replicas: int, judge: str) -> dict[str, Any]:

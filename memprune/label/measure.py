@@ -29,7 +29,8 @@ def head_plan(plan: PairPlan, n: int) -> PairPlan:
         stop = b
         if stop >= n:
             break
-    return PairPlan(plan.pairs.slice(0, stop), [], len(set(plan.pairs.slice(0, stop).column("bullet_id").to_pylist())))
+    pairs = plan.pairs.slice(0, stop)
+    return PairPlan(pairs, [], len(set(pairs.column("bullet_id").to_pylist())))
 
 
 def fit_passes(passes: list[list[float]]) -> tuple[float | None, float]:

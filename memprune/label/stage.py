@@ -104,17 +104,22 @@ def _consensus_modes(judged: Any) -> list[str]:
     return out
 
 
+def _check_models(cfg: LabelConfig, entry: Any) -> None:
+    """A model judge's model that is not there fails here, before Ray starts an engine."""
+    if entry.needs_llm:
+        from memprune.label.consensus import judge_specs
+
+        for spec in judge_specs(cfg):
+            spec.llm.check_model()
+
+
 def run_judge(cfg: LabelConfig) -> dict[str, Any]:
     """Run the labeling stage described by `cfg`; return the `label.json` summary."""
     started = time.perf_counter()
     out = _out_dir(cfg)
     sessions, bullets, inputs = _inputs(cfg)
     entry = cfg.judge_entry()
-    if entry.needs_llm:
-        from memprune.label.consensus import judge_specs
-
-        for spec in judge_specs(cfg):  # a model that is not there fails here, before Ray starts an engine
-            spec.llm.check_model()
+    _check_models(cfg, entry)
     plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=entry.context)
     out.mkdir(parents=True, exist_ok=True)
     by_judge: pa.Table | None = None
@@ -198,7 +203,9 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
             extra.update(summarize(modes))
     chosen = cfg.judge_entry()
     if cfg.cost.measure:
-        extra["measured"] = _measured(cfg, chosen, sessions, bullets, inputs, modes)
+        # the pairs as the judge gets them: the plan's own, with their context turns, unless the judge takes none
+        judge_plan = plan if chosen.context else build_pairs(sessions, bullets, cfg.pair_options(), with_context=False)
+        extra["measured"] = _measured(cfg, chosen, judge_plan, inputs, modes, cfg.cost.measure)
     summary = {
         "stage": "label-plan",
         "tokenizer": counter.name,
@@ -221,21 +228,16 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
     return summary
 
 
-def _measured(cfg: LabelConfig, entry: Any, sessions: pa.Table, bullets: pa.Table, inputs: dict[str, str],
-              modes: dict[str, Any]) -> dict[str, Any]:
-    """`--measure N`: the chosen judge on N real pairs, the run planned from it; each mode's GPU-hours at the
-    measured effective tokens/s where no --throughput was given."""
+def _measured(cfg: LabelConfig, entry: Any, plan: PairPlan, inputs: dict[str, str], modes: dict[str, Any],
+              n: int) -> dict[str, Any]:
+    """`--measure N`: the chosen judge on N real pairs of `plan` (the pairs it judges), the run planned from it; each
+    mode's hours at the measured effective tokens/s (`hours_at_measured`)."""
     from memprune.label.measure import measure
 
-    if entry.needs_llm:
-        from memprune.label.consensus import judge_specs
-
-        for spec in judge_specs(cfg):
-            spec.llm.check_model()
-    plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=entry.context)
-    console.print(f"measuring the {entry.kind} judge on {min(cfg.cost.measure or 0, plan.pairs.num_rows)} pairs",
-                  highlight=False)
-    m = measure(cfg, plan, inputs, cfg.cost.measure or 0)
+    _check_models(cfg, entry)
+    console.print(f"measuring the {entry.kind} judge on the first {min(n, plan.pairs.num_rows)} pairs (whole target "
+                  "turns)", highlight=False)
+    m = measure(cfg, plan, inputs, n)
     own = modes.get(entry.kind)
     if own is not None and m["pairs_per_s"] and own["pairs"]:
         tokens_per_s = own["effective_tokens"] / own["pairs"] * m["pairs_per_s"]  # effective tokens the judge did
