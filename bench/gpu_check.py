@@ -58,14 +58,14 @@ GOALS = (("judge", "ratio_steady", "judge: memprune / vLLM LLM.generate pairs/s 
 def plan(tiny: bool, bf16_cpu: bool) -> dict[str, dict[str, Any]]:
     """The sizes of every section: real (GPU) or tiny (CPU)."""
     precisions = ["fp32", "bf16"] if bf16_cpu else ["fp32"]
-    if tiny:  # MSC cut to its first 8 episodes of 2 sessions; prune: the goal's precision only
+    if tiny:  # MSC cut to its first 8 episodes of 2 sessions; prune and train: one precision
         return {"judge": {"base": "vllm-cpu.yaml", "shape": {}, "vocab": 4000, "max_positions": 2048,
                           "episodes": 8, "sessions": 2, "pairs": 32,
                           "listwise_conversations": 1, "max_num_seqs": [16], "batch_sizes": [16], "chunked": [True],
                           "long_factor": 1},
                 "prune": {"bullets": 2000, "encoder": "tiny", "precisions": precisions[-1:], "raw_rows": 2000,
                           "batch_size": 128, "block_rows": 512},
-                "train": {"conversations": 4, "sessions": 3, "precisions": precisions, "epochs": 1, "seeds": 2},
+                "train": {"conversations": 4, "sessions": 3, "precisions": precisions[-1:], "epochs": 1, "seeds": 2},
                 "tests": {}}
     return {"judge": {"base": "vllm-gpu.yaml", "shape": LLAMA3_8B, "vocab": 32000, "max_positions": 8192,
                       "episodes": None, "sessions": 4, "pairs": 4000, "listwise_conversations": 20,
