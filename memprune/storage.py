@@ -212,7 +212,8 @@ def _reason(exc: BaseException) -> str:
     """pyarrow's error in one line, with the fix for the common ones."""
     text = " ".join(str(exc).split())
     low = text.lower()
-    if "credentials" in low or "access denied" in low or "invalidaccesskeyid" in low or "signaturedoesnotmatch" in low:
+    if any(w in low for w in ("credentials", "access denied", "access_denied", "accessdenied", "invalidaccesskeyid",
+                              "signaturedoesnotmatch")):
         return (f"{text} (credentials come from the standard environment: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or "
                 "AWS_PROFILE for S3, GOOGLE_APPLICATION_CREDENTIALS for GCS; AWS_ENDPOINT_URL for an S3-compatible "
                 "server)")

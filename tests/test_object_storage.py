@@ -185,3 +185,66 @@ def test_memory_pruner_loads_a_scorer_from_s3(bucket: str, scorer_dir: Path) -> 
     local = MemoryPruner(scorer_dir, top_k=2)
     assert remote.score(texts).tolist() == local.score(texts).tolist()
     assert remote.decide(texts)[1].tolist() == local.decide(texts)[1].tolist()
+
+
+_BAD_CREDENTIALS = """
+import sys
+from typer.testing import CliRunner
+from memprune.cli import app
+for args in map(str.split, sys.argv[1:]):
+    res = CliRunner().invoke(app, args)
+    print(res.exit_code, " ".join(res.output.split()))
+"""
+
+
+@pytest.mark.slow  # its own S3 server and interpreter
+def test_credentials_the_server_refuses_are_one_line_with_the_fix_and_nothing_is_written(scorer_dir: Path,
+                                                                                       msc_small: Path,
+                                                                                       tmp_path: Path) -> None:
+    """A second moto server that checks credentials (INITIAL_NO_AUTH_ACTION_COUNT=0): keys it does not know, for
+    an input, a scorer and an output on S3, are each one line naming the URI and where credentials come from."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                              env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2).close()
+                break
+            except urllib.error.HTTPError:  # it answers (403 to the anonymous probe): up
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "moto_server did not start"
+                time.sleep(0.2)
+        local_out = tmp_path / "out"
+        cases = [f"prune --scorer {scorer_dir} --input s3://memprune-creds/bullets.parquet --out {local_out}",
+                 f"prune --scorer s3://memprune-creds/scorer --input {msc_small} --out {local_out}",
+                 f"prune --scorer {scorer_dir} --input {msc_small} --out s3://memprune-creds/out"]
+        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "nobody-knows-me",
+               "AWS_SECRET_ACCESS_KEY": "wrong", "AWS_EC2_METADATA_DISABLED": "true"}
+        proc = subprocess.run([sys.executable, "-c", _BAD_CREDENTIALS, *cases], env=env, capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(lines) == len(cases), proc.stdout + proc.stderr[-2000:]
+    for line, uri in zip(lines, ["s3://memprune-creds/bullets.parquet", "s3://memprune-creds/scorer",
+                                 "s3://memprune-creds/out"]):
+        code, _, message = line.partition(" ")
+        assert code != "0" and uri in message and "credentials come from the standard environment" in message, line
+        assert "Traceback" not in message
+    assert not local_out.exists()
