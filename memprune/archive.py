@@ -76,8 +76,11 @@ def write_archive(directory: str | Path, records: pa.Table, *, id_column: str, s
 
 
 def read_archive(directory: str | Path, ids: Iterable[str] | None = None) -> Archive:
-    """An archive's records (all, or those with `ids`: every id must be in it) and its manifest."""
-    path = Path(directory)
+    """An archive's records (all, or those with `ids`: every id must be in it) and its manifest. An archive on
+    object storage is read from this node's copy (`storage.fetch_dir`)."""
+    from memprune.storage import fetch_dir, is_uri
+
+    path = fetch_dir(directory, "archive") if is_uri(directory) else Path(directory)
     manifest_path = path / "archive.json"
     if not manifest_path.is_file():
         raise ArchiveError(f"{path}: not an archive (no archive.json)")

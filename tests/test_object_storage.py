@@ -166,6 +166,21 @@ def test_prune_reads_store_and_scorer_from_s3_and_writes_there(ray_local, bucket
     assert again.exit_code == 0, again.output
     assert json.loads((location(bucket) / "again" / "prune.json").read_text())["input"]["rows"] == bullets.num_rows
 
+    # the dropped bullets' archive on S3 undoes the prune: into a local copy of the kept store, every bullet is back
+    # at its input position; into the kept store on S3 itself it is one line that says what to do
+    local_kept = tmp_path / "kept"
+    local_kept.mkdir()
+    pq.write_table(kept, local_kept / "part-00000.parquet")
+    res = _cli("restore", "--archive", f"{out}/dropped", "--all", "--into", str(local_kept))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["restored"] == bullets.num_rows - kept.num_rows
+    back = pq.read_table(local_kept)
+    assert back["bullet_id"].to_pylist() == bullets["bullet_id"].to_pylist()
+    assert back["text"].to_pylist() == bullets["text"].to_pylist()
+    res = _cli("restore", "--archive", f"{out}/dropped", "--all")
+    assert res.exit_code != 0 and len(res.output.strip().splitlines()) == 1, res.output
+    assert f"{out}/kept" in res.output and "--into" in res.output
+
 
 def test_a_store_refused_mid_commit_is_not_read_as_input(bucket: str, scorer_dir: Path) -> None:
     root = location(bucket) / "half"

@@ -83,11 +83,11 @@ def prune(
 
 @app.command()
 def restore(
-    archive: Optional[Path] = typer.Option(None, "--archive", help="An archive directory (`memprune prune --emit split`: "
-                                                                    "OUT/dropped; `--apply` on a store: OUT/archive)."),
+    archive: Optional[str] = typer.Option(None, "--archive", help="An archive directory or URI (`memprune prune --emit "
+                                                                   "split`: OUT/dropped; `--apply` on a store: OUT/archive)."),
     ids: Optional[Path] = typer.Option(None, "--ids", help="File of ids to restore, one per line."),
     all_: bool = typer.Option(False, "--all", help="Restore every archived record."),
-    into: Optional[Path] = typer.Option(None, "--into", help="The store to restore into [default: the store the "
+    into: Optional[str] = typer.Option(None, "--into", help="The store to restore into [default: the store the "
                                                              "archive's run kept, e.g. OUT/kept]."),
 ) -> None:
     """Put archived (pruned) records back into their store, so a prune can be undone."""

@@ -31,6 +31,7 @@ from memprune.archive import (
 )
 from memprune.io import MARKER, OutputSet, check_committed, temp_name, write_json
 from memprune.prune.config import PruneError
+from memprune.storage import is_uri
 
 STORE_KIND = "bullets"
 KEPT_DIR, DROPPED_DIR = "kept", "dropped"
@@ -104,7 +105,11 @@ def restore_bullets(archive: Archive, options: dict[str, Any]) -> dict[str, Any]
     store, possibly after earlier restores); else they are appended. Ids already present are skipped.
     """
     store = archive.store
-    target = Path(options.get("into") or store["kept"])
+    where = str(options.get("into") or store["kept"])
+    if is_uri(where):
+        raise PruneError(f"{where}: a bullets store on object storage cannot be restored into in place; copy it to a "
+                         "local directory and give that as --into")
+    target = Path(where)
     if not target.is_dir():
         raise PruneError(f"{target}: no such store directory to restore into")
     current = _read_store(target)
