@@ -83,7 +83,7 @@ def read_archive(directory: str | Path, ids: Iterable[str] | None = None) -> Arc
     path = fetch_dir(directory, "archive") if is_uri(directory) else Path(directory)
     manifest_path = path / "archive.json"
     if not manifest_path.is_file():
-        raise ArchiveError(f"{path}: not an archive (no archive.json)")
+        raise ArchiveError(f"{directory}: not an archive (no archive.json)")
     check_committed(path / "archive.parquet")
     manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     if manifest.get("format") != ARCHIVE_FORMAT:
