@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -28,7 +30,7 @@ def _free_port() -> int:
 
 # The S3 server of the `s3` fixture (moto's standalone server on loopback). Its endpoint and test credentials are
 # in the environment before any Ray starts, so every worker reaches it as a cluster node reaches real S3.
-S3_PORT = _free_port()
+S3_PORT = free_port()
 os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{S3_PORT}", AWS_ACCESS_KEY_ID="memprune-test",
                   AWS_SECRET_ACCESS_KEY="memprune-test", AWS_DEFAULT_REGION="us-east-1")
 os.environ.pop("AWS_PROFILE", None)
@@ -106,26 +108,38 @@ def tiny_llm(tmp_path_factory) -> str:
     return str(build_tiny_llm(tmp_path_factory.mktemp("tiny-llm")))
 
 
+@contextlib.contextmanager
+def moto_server(port: int, env: dict[str, str] | None = None):
+    """moto's standalone S3 server on 127.0.0.1:`port` (a real HTTP S3 endpoint), up until the block ends;
+    `env`: extra environment for it (e.g. INITIAL_NO_AUTH_ACTION_COUNT=0 to check credentials)."""
+    endpoint = f"http://127.0.0.1:{port}"
+    log = open(Path(tempfile.gettempdir()) / f"memprune-moto-{port}.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                            env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2).close()
+                break
+            except urllib.error.HTTPError:  # it answers (403 to an anonymous probe when it checks credentials)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"moto_server did not start on {endpoint} (see {log.name})")
+                time.sleep(0.2)
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
 @pytest.fixture(scope="session")
 def s3_server():
-    """moto's standalone S3 server on 127.0.0.1 (a real HTTP S3 endpoint); yields its endpoint URL."""
-    endpoint = os.environ["AWS_ENDPOINT_URL"]
-    log = open(Path(tempfile.gettempdir()) / f"memprune-moto-{S3_PORT}.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(S3_PORT)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(endpoint, timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"moto_server did not start on {endpoint} (see {log.name})")
-            time.sleep(0.2)
-    yield endpoint
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
+    """The S3 server every test's environment points at (AWS_ENDPOINT_URL); yields its endpoint URL."""
+    with moto_server(S3_PORT) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import upload
+from conftest import free_port, moto_server, upload
 from typer.testing import CliRunner
 
 from memprune.errors import MemPruneError
@@ -219,31 +219,10 @@ def test_credentials_the_server_refuses_are_one_line_with_the_fix_and_nothing_is
     """A second moto server that checks credentials (INITIAL_NO_AUTH_ACTION_COUNT=0): keys it does not know, for
     an input, a scorer and an output on S3, are each one line naming the URI and where credentials come from."""
     import os
-    import socket
     import subprocess
     import sys
-    import time
-    import urllib.error
-    import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    endpoint = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                              env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(endpoint, timeout=2).close()
-                break
-            except urllib.error.HTTPError:  # it answers (403 to the anonymous probe): up
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "moto_server did not start"
-                time.sleep(0.2)
+    with moto_server(free_port(), {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
         local_out = tmp_path / "out"
         cases = [f"prune --scorer {scorer_dir} --input s3://memprune-creds/bullets.parquet --out {local_out}",
                  f"prune --scorer s3://memprune-creds/scorer --input {msc_small} --out {local_out}",
@@ -252,9 +231,6 @@ def test_credentials_the_server_refuses_are_one_line_with_the_fix_and_nothing_is
                "AWS_SECRET_ACCESS_KEY": "wrong", "AWS_EC2_METADATA_DISABLED": "true"}
         proc = subprocess.run([sys.executable, "-c", _BAD_CREDENTIALS, *cases], env=env, capture_output=True,
                               text=True, timeout=300)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and len(lines) == len(cases), proc.stdout + proc.stderr[-2000:]
     for line, uri in zip(lines, ["s3://memprune-creds/bullets.parquet", "s3://memprune-creds/scorer",
