@@ -39,6 +39,18 @@ def prune(
                                                             "dropped/ archive) [default: keep]."),
     group_by: Optional[str] = typer.Option(None, "--group-by", help="session, conversation or speaker [default: session]."),
     score: Optional[str] = typer.Option(None, "--score", help="auto (calibrated where the scorer has calibration.json), raw or calibrated [default: auto]."),
+    pin_field: Optional[str] = typer.Option(None, "--pin-field", help="Boolean column of pinned bullets: never dropped, "
+                                                                      "outside the policy and min-keep."),
+    half_life: Optional[str] = typer.Option(None, "--half-life", help="Forget by age: the policy ranks score x "
+                                            "exp(-age/S), S = half-life/ln2 x (1 + recall-boost x recalls); e.g. 30d, P2W."),
+    recall_boost: Optional[float] = typer.Option(None, "--recall-boost", help="Strength added per recall (with "
+                                                 "--half-life) [default: 1]."),
+    max_age: Optional[str] = typer.Option(None, "--max-age", help="Expire bullets older than this (reason expired; "
+                                          "never a pinned one), e.g. 90d."),
+    now: Optional[str] = typer.Option(None, "--now", help="The time ages are measured at (ISO 8601) [default: the "
+                                      "run's start, recorded in prune.json]."),
+    usage_log: Optional[str] = typer.Option(None, "--usage-log", help="Usage log (the `usage` label source's format): "
+                                            "recalls and last access per bullet."),
     map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
     apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records of the "
                                                       "decision in --out (decide without --apply first; name the policy)."),
@@ -58,6 +70,7 @@ def prune(
               "rule.min_keep": min_keep, "rule.floor": floor, "rule.dedup_threshold": dedup_threshold,
               "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
     values |= _store_values(map_, "flag" if apply_flag else "delete" if apply else None)
+    values |= _lifecycle_values(pin_field, half_life, recall_boost, max_age, now, usage_log)
     cfg, summary = run_stage(StorePruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
     console.print(f"{'would keep' if cfg.dry_run else 'kept'} {r['bullets_after']:.2f} of {r['bullets_before']:.2f} "
@@ -115,6 +128,28 @@ def load_restorers() -> None:
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
+
+
+def _lifecycle_values(pin_field: Optional[str], half_life: Optional[str], recall_boost: Optional[float],
+                      max_age: Optional[str], now: Optional[str], usage_log: Optional[str]) -> dict[str, Any]:
+    """Pins, forgetting and expiry as config values; a duration or time that does not parse is one error line."""
+    from memprune.prune.lifecycle import parse_duration
+    from memprune.usagelog import parse_time
+
+    for option, text in (("--half-life", half_life), ("--max-age", max_age)):
+        if text is not None:
+            try:
+                parse_duration(text)
+            except ValueError as exc:
+                fail(f"{option}: {exc}")
+    if now is not None:
+        try:
+            parse_time(now)
+        except (ValueError, OverflowError, OSError):
+            fail(f"--now: {now!r} is not a time; use ISO 8601, e.g. 2024-05-01T12:00:00Z")
+    return {"rule.pin_field": pin_field, "rule.retention.half_life": half_life,
+            "rule.retention.recall_boost": recall_boost, "rule.retention.max_age": max_age,
+            "rule.retention.now": now, "usage_log": usage_log}
 
 
 def _store_values(map_: Optional[str], apply: Optional[str]) -> dict[str, Any]:

@@ -6,7 +6,8 @@
 
 - `config`: `PruneRule` (threshold, top-k, group-by) and `PruneConfig`, validated once.
 - `rule`: the paper's rule as pure numpy functions (shared with `memprune evaluate`).
-- `policy`: the whole decision, pure: duplicates, floor, policy (rule/budget/fraction), min-keep, reasons.
+- `policy`: the whole decision, pure: duplicates, expiry, floor, policy (rule/budget/fraction), min-keep, pins, reasons.
+- `lifecycle`: keeping memory current, pure: pins, retention (forgetting curve), expiry, durations, the usage log.
 - `split`: `--emit split` (kept/ store + dropped/ archive) and the `bullets` restorer of `memprune restore`.
 - `scoring`: scoring helpers and `MemoryPruner` (in-process, no Ray).
 - `stats`: per-group counters and the before/after summary.
@@ -24,6 +25,7 @@ from memprune.prune.config import (
     PruneRule,
     PruneSettings,
 )
+from memprune.prune.lifecycle import Retention, Usage, parse_duration, read_usage, retention_factor
 from memprune.prune.policy import REASONS, Decision, apply_policy, decide_policy, find_duplicates, normalize_text
 from memprune.prune.rule import (
     group_codes,
@@ -50,6 +52,11 @@ __all__ = [
     "check_scorer",
     "REASONS",
     "Decision",
+    "Retention",
+    "Usage",
+    "parse_duration",
+    "read_usage",
+    "retention_factor",
     "apply_policy",
     "decide_policy",
     "find_duplicates",

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, SerializeAsAny, field_validator, model_s
 from memprune.config import ConfigModel, validate
 from memprune.errors import MemPruneError
 from memprune.precision import Precision, precision_field
+from memprune.prune.lifecycle import Retention
 from memprune.prune.policies import Policy, RulePolicy, owner_of, policy_of
 
 GroupBy = Literal["session", "conversation", "speaker"]
@@ -54,6 +55,11 @@ class PruneRule(ConfigModel):
                                    description="cosine similarity of the scorer's encoder embeddings at which two "
                                                "bullets are near-duplicates")
     group_by: GroupBy = Field("session", description="what the policy applies to: session, conversation or speaker")
+    pin_field: str | None = Field(None, min_length=1,
+                                  description="boolean column (mapping key) of pinned bullets: never dropped, outside "
+                                              "the policy and min-keep; null = no pins")
+    retention: Retention = Field(default_factory=Retention,
+                                 description="forgetting (half_life, recall_boost) and expiry (max_age), measured at now")
 
     @model_validator(mode="before")
     @classmethod
@@ -111,12 +117,21 @@ class PruneRule(ConfigModel):
         if self.min_keep:
             extras.append(f"at least {self.min_keep} kept per {unit}")
         extras.append(f"duplicates merged at cosine {self.dedup_threshold:g}" if self.dedup else "no duplicate merging")
+        if self.retention.on:
+            extras.append(self.retention.describe() + (", policy on score x retention" if self.retention.forgets else ""))
+        if self.pin_field is not None:
+            extras.append(f"bullets with {self.pin_field} = true pinned (never dropped)")
         return f"{self.policy.describe(unit)}; {'; '.join(extras)}"
 
     @property
     def keys(self) -> tuple[str, ...]:
         """The columns whose values form a group."""
         return GROUP_KEYS[self.group_by]
+
+    def at(self, now: Any) -> "PruneRule":
+        """This rule with its retention's `now` fixed (when unset and retention is on)."""
+        retention = self.retention.at(now)
+        return self if retention is self.retention else self.model_copy(update={"retention": retention})
 
     def with_policy(self, policy: Policy) -> "PruneRule":
         """This rule with another policy (the same dedup, floor, min-keep, group)."""
@@ -173,6 +188,15 @@ class PruneSettings(ScoringRuntime):
     emit: Literal["keep", "split"] = Field(
         "keep", description="keep: pruned/ (every bullet + score, keep, reason); split: also kept/ (the kept bullets, "
         "input columns) and dropped/ (the archive: score, reason, run fingerprint; `memprune restore`)")
+    usage_log: str | None = Field(None, description="retention: a usage log (the `usage` label source's format) giving "
+                                  "each bullet's recalls and last access; every id must be in the store")
+
+    @model_validator(mode="after")
+    def _usage_needs_retention(self) -> "PruneSettings":
+        if self.usage_log is not None and not self.rule.retention.on:
+            raise ValueError("usage_log gives recalls and last access for forgetting: set rule.retention.half_life "
+                             "(--half-life) or max_age (--max-age)")
+        return self
 
     @field_validator("sweep_top_k")
     @classmethod

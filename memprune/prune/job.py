@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from memprune.encoders import EncoderActor
 from memprune.precision import Precision
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
+from memprune.prune.lifecycle import Life, Usage, life_of_table
 from memprune.prune.policy import Decision, unify_equal_texts
 from memprune.prune.rule import group_codes
 from memprune.prune.scoring import (
@@ -154,6 +155,19 @@ class ScoreSettings:
     decide_here: bool
     tally: Any
     calibrated: bool = False  # map raw scores through the artifact's calibration.json
+    lives: "Lives | None" = None  # pins, ages and recalls (rule.pin_field, rule.retention)
+
+
+@dataclass(frozen=True)
+class Lives:
+    """What a block's `Life` is built from besides its own columns (pins, `time`): the usage log's recalls and
+    last accesses, and the corpus's session times; read once on the driver."""
+
+    usage: Usage | None = None
+    session_times: dict[tuple[Any, Any], float] | None = None
+
+    def of(self, block: pa.Table, rule: PruneRule) -> Life | None:
+        return life_of_table(block, rule.pin_field, rule.retention, self.usage, self.session_times)
 
 
 class ScoreActor(EncoderActor):
@@ -195,7 +209,7 @@ class ScoreActor(EncoderActor):
                 block = block.append_column(EMB, pa.FixedSizeListArray.from_arrays(emb.reshape(-1), emb.shape[1]))
             return block
         groups = group_keys_of(block, s.keys)
-        stats, decision = _decide(groups, scores, tokens, s.settings, None, texts, emb)
+        stats, decision = _decide(groups, scores, tokens, s.settings, None, texts, emb, block, s.lives)
         out = with_outputs(block, scores, decision)
         times["decide_s"] = time.perf_counter() - t2
         ray.get(s.tally.add_time.remote(times, (started, now())))
@@ -204,10 +218,12 @@ class ScoreActor(EncoderActor):
 
 
 def _decide(groups: list[Any], scores: np.ndarray, tokens: np.ndarray, settings: list[PruneRule],
-            order: np.ndarray | None, texts: list[str], emb: np.ndarray | None) -> tuple[dict[str, Any], Decision]:
+            order: np.ndarray | None, texts: list[str], emb: np.ndarray | None, block: pa.Table,
+            lives: Lives | None) -> tuple[dict[str, Any], Decision]:
     """Counters and the written setting's decision of a block of whole groups; user errors as `PruneError`."""
     try:
-        return block_stats(groups, scores, tokens, settings, order=order, texts=texts, embeddings=emb)
+        life = (lives or Lives()).of(block, settings[0])
+        return block_stats(groups, scores, tokens, settings, order=order, texts=texts, embeddings=emb, life=life)
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
 
@@ -219,15 +235,16 @@ def _unify(groups: list[Any], scores: np.ndarray, texts: list[str], emb: np.ndar
 
 
 def decide_sorted_block(
-    block: pa.Table, keys: list[str], settings: list[PruneRule], tally: Any
+    block: pa.Table, keys: list[str], settings: list[PruneRule], tally: Any, lives: Lives | None = None,
 ) -> pa.Table:
     """Shuffle path: a block of whole groups after the sort; order rows by (group, input position) and decide."""
     import ray
 
     if block.num_rows == 0:
         empty = np.zeros(0, dtype=np.int64)
+        forgets = np.zeros(0) if settings[0].retention.forgets else None  # the same columns as every other block
         return with_outputs(block, np.zeros(0), Decision(empty.astype(bool), empty.astype(object), empty,
-                                                         empty.astype(bool)))
+                                                         empty.astype(bool), effective=forgets, retention=forgets))
     block = block.sort_by([(SORTKEY, "ascending"), (ROW, "ascending")])
     scores = block.column("score").to_numpy()
     tokens = block.column(TOKENS).to_numpy()
@@ -240,7 +257,7 @@ def decide_sorted_block(
     started = now()
     texts = block.column("text").to_pylist()
     scores, emb = _unify(groups, scores, texts, emb, order)
-    stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb)
+    stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb, block, lives)
     out = with_outputs(block, scores, decision)
     ray.get(tally.add_time.remote({"decide_s": now() - started}, (started, now())))
     ray.get(tally.add.remote(stats))
@@ -263,10 +280,12 @@ def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
 
 def run_pipeline(
     config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Location, calibrated: bool = False,
+    lives: Lives | None = None,
 ) -> tuple[dict[str, Any], dict[str, float], pa.Table | None]:
     """Assemble and run the Ray Data pipeline; write the store into `tmp` (a dry run: collect the preview
     sample instead, and write nothing); return counters, timing and the preview rows (dry run only).
-    `calibrated`: the actors map raw scores through the artifact's calibration (resolved on the driver)."""
+    `calibrated`: the actors map raw scores through the artifact's calibration (resolved on the driver);
+    `lives`: the usage log and session times the decision's time steps read (the rule's `now` resolved)."""
     import ray
     from ray.data import DataContext
 
@@ -287,13 +306,13 @@ def run_pipeline(
         )
         score = ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length,
                               config.precision, config.tokenizer, list(keys), settings, not shuffle, tally,
-                              calibrated=calibrated)
+                              calibrated=calibrated, lives=lives)
         ds = ds.map_batches(**ScoreActor.map_kwargs(score, res, batch_size=None, batch_format="pyarrow",
                                                     blocks=len(plan.blocks)))
         if shuffle:
             ds = ds.sort(SORTKEY).map_batches(
                 decide_sorted_block,
-                fn_kwargs={"keys": list(keys), "settings": settings, "tally": tally},
+                fn_kwargs={"keys": list(keys), "settings": settings, "tally": tally, "lives": lives},
                 batch_size=None, batch_format="pyarrow", num_cpus=config.io_cpus,
             )
         preview = None

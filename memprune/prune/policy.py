@@ -1,21 +1,29 @@
-"""The pruning decision as pure numpy: near-duplicate merging, then a policy, then the min-keep guarantee.
+"""The pruning decision as pure numpy: duplicates, expiry, the retention-weighted policy, min-keep; pins.
 
 One implementation for the Ray batch job (`memprune prune`) and `MemoryPruner`, so both give the same
-decisions and reasons on the same data. Within each group (session):
+decisions and reasons on the same data. Within each group (session), in this order:
 
 1. **Duplicates** (`find_duplicates`): bullets whose normalised texts are equal, or whose encoder
-   embeddings have cosine similarity >= `dedup_threshold`, form clusters (transitively); the
-   highest-scored bullet of a cluster represents it, the others go with reason `duplicate`.
-2. **Floor**: representatives scored below `floor` go with reason `below_floor`.
-3. **Policy** over the remaining bullets, ranked by score (ties: earlier first): the rule's
-   `policy.keep` (`memprune.prune.policies`: `rule` keeps score >= threshold, then the top-k
-   (`below_threshold`, `over_top_k`); `budget` keeps the best while the group's kept tokens stay
+   embeddings have cosine similarity >= `dedup_threshold`, form clusters (transitively); one bullet
+   represents a cluster (a pinned one first, then one that has not expired, then the highest
+   effective score, then the earliest), the others go with reason `duplicate`.
+2. **Expiry** (`retention.max_age`): representatives older than max_age go (`expired`).
+3. **Floor** and **policy** over the remaining bullets, ranked by the *effective* score (the score x
+   retention when `retention.half_life` is set, else the score; ties: earlier first): `below_floor`,
+   then the rule's `policy.keep` (`memprune.prune.policies`: `rule` keeps score >= threshold, then the
+   top-k (`below_threshold`, `over_top_k`); `budget` keeps the best while the group's kept tokens stay
    <= B (`over_budget`); `fraction` keeps the top ceil(q * n) of the group's n distinct bullets).
-4. **Min-keep**: a group left with fewer than m bullets gets its best non-duplicate bullets back
-   (whatever the floor, threshold or budget said), up to m.
+4. **Min-keep**: a group left with fewer than m kept non-pinned bullets gets its best non-duplicate,
+   non-expired, non-pinned bullets back (whatever the floor, threshold or budget said), up to m.
 
-Every step keeps a prefix of the group's ranking, so the result is deterministic and the kept set
-of a group is always its best non-duplicate bullets.
+**Pins** (`PruneRule.pin_field`) override every drop: a pinned bullet is kept whatever any step says,
+with reason null. Pinned bullets stand outside the competition: they take no top-k slot, no budget
+tokens, no share of a fraction, and do not count towards min-keep, so the other bullets are decided
+exactly as if the pinned ones were absent (except that a pinned bullet represents its duplicates).
+`Decision.protected` marks the pinned bullets that a step would have dropped had they not been pinned.
+
+Every step keeps a prefix of the group's ranking of its non-pinned bullets, so the result is
+deterministic and the kept set of a group is its pinned bullets plus its best distinct ones.
 """
 
 from __future__ import annotations
@@ -28,18 +36,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from memprune.prune.lifecycle import Life, Standing, standing
 from memprune.prune.policies import POLICIES
 from memprune.prune.rule import rank_within_groups
 
 if TYPE_CHECKING:
     from memprune.prune.config import PruneRule
 
-DUPLICATE, BELOW_FLOOR = "duplicate", "below_floor"
+DUPLICATE, EXPIRED, BELOW_FLOOR = "duplicate", "expired", "below_floor"
 
 
 def reasons() -> tuple[str, ...]:
-    """Every reason a bullet can go for: duplicates, the floor, then each registered policy's own."""
-    return tuple(dict.fromkeys((DUPLICATE, BELOW_FLOOR, *(r for p in POLICIES.values() for r in p.reasons))))
+    """Every reason a bullet can go for: duplicates, expiry, the floor, then each registered policy's own."""
+    return tuple(dict.fromkeys((DUPLICATE, EXPIRED, BELOW_FLOOR, *(r for p in POLICIES.values() for r in p.reasons))))
 
 
 REASONS = reasons()  # the built-in policies' (a policy registered later adds its own to `reasons()`)
@@ -49,16 +58,27 @@ _SPACE = re.compile(r"\s+")
 
 @dataclass(frozen=True)
 class Decision:
-    """Per bullet: kept?, the reason it goes (None when kept), its cluster's representative (-1: none)."""
+    """Per bullet: kept?, the reason it goes (None when kept), its cluster's representative (-1: none),
+    kept only by min-keep (`rescued`); pinned, and pinned bullets a step would have dropped (`protected`);
+    with retention, the effective score (score x retention) and the retention factor."""
 
     keep: np.ndarray
     reason: np.ndarray
     duplicate_of: np.ndarray
     rescued: np.ndarray
+    pinned: np.ndarray | None = None
+    protected: np.ndarray | None = None
+    effective: np.ndarray | None = None
+    retention: np.ndarray | None = None
 
     def reason_counts(self) -> dict[str, int]:
         """How many bullets go for each reason (every reason listed, zeros included)."""
         return {r: int((self.reason == r).sum()) for r in reasons()}
+
+    def pin_counts(self) -> dict[str, int]:
+        """Pinned bullets (all kept) and those of them a step would have dropped (`kept_by_pin`)."""
+        return {"pinned": 0 if self.pinned is None else int(self.pinned.sum()),
+                "kept_by_pin": 0 if self.protected is None else int(self.protected.sum())}
 
 
 def normalize_text(text: str) -> str:
@@ -96,13 +116,14 @@ def unify_equal_texts(
 
 def find_duplicates(
     scores: np.ndarray, codes: np.ndarray, texts: Sequence[str] | None, embeddings: np.ndarray | None,
-    threshold: float | None, order: np.ndarray | None = None,
+    threshold: float | None, order: np.ndarray | None = None, priority: np.ndarray | None = None,
 ) -> np.ndarray:
     """Index of each bullet's cluster representative (-1 for a representative or a singleton).
 
     Clusters are connected components, within a group, of "same normalised text" (when `texts`
     are given) or "cosine >= threshold" (when `embeddings` and a threshold are given); the
-    representative is the highest-scored member, ties broken by `order`/position.
+    representative is the member of highest `priority` (`Standing.priority`: pinned, then not
+    expired), then highest score, ties broken by `order`/position.
     """
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
@@ -144,7 +165,8 @@ def find_duplicates(
     c = np.concatenate(cols)
     graph = coo_matrix((np.ones(len(r), dtype=np.int8), (r, c)), shape=(n, n))
     _, comp = connected_components(graph, directed=False)
-    rank = np.lexsort((_order(n, order), -np.asarray(scores, dtype=np.float64), comp))
+    prio = np.zeros(n, dtype=np.int64) if priority is None else np.asarray(priority, dtype=np.int64)
+    rank = np.lexsort((_order(n, order), -np.asarray(scores, dtype=np.float64), -prio, comp))
     sorted_comp = comp[rank]
     starts = np.r_[0, np.flatnonzero(np.diff(sorted_comp)) + 1]
     rep_of_comp = np.empty(comp.max() + 1, dtype=np.int64)
@@ -156,41 +178,59 @@ def find_duplicates(
 
 def apply_policy(
     scores: np.ndarray, codes: np.ndarray, rule: "PruneRule", tokens: np.ndarray | None = None,
-    duplicate_of: np.ndarray | None = None, order: np.ndarray | None = None,
+    duplicate_of: np.ndarray | None = None, order: np.ndarray | None = None, stand: Standing | None = None,
 ) -> Decision:
-    """The decision of `rule` (floor, policy, min-keep) for bullets whose duplicates are already known."""
+    """The decision of `rule` (expiry, floor, policy, min-keep, pins) for bullets whose duplicates are known.
+
+    `stand` (`lifecycle.standing`) gives the effective scores, the expired and the pinned bullets;
+    without it the scores are ranked as they are and nothing is pinned or expired.
+    """
     s = np.asarray(scores, dtype=np.float64)
     n = len(s)
     if np.isnan(s).any():
         raise ValueError(f"{int(np.isnan(s).sum())} NaN score(s): clean the scores before pruning")
+    st = stand or Standing(s, None, np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+    e, pinned = st.effective, st.pinned
     dup = np.zeros(n, dtype=bool) if duplicate_of is None else np.asarray(duplicate_of) >= 0
     ordr = _order(n, order)
     reason = np.full(n, None, dtype=object)
     reason[dup] = DUPLICATE
-    active = ~dup
+    expired = ~dup & ~pinned & st.expired
+    reason[expired] = EXPIRED
+    active = ~dup & ~expired & ~pinned
     if rule.floor is not None:
-        low = active & (s < rule.floor)
+        low = active & (e < rule.floor)
         reason[low] = BELOW_FLOOR
         active &= ~low
-    rank = rank_within_groups(np.where(active, s, -np.inf), codes, ordr)
-    keep = rule.policy.keep(s, active, rank, codes, tokens, reason)
+    rank = rank_within_groups(np.where(active, e, -np.inf), codes, ordr)
+    keep = rule.policy.keep(e, active, rank, codes, tokens, reason)
     rescued = np.zeros(n, dtype=bool)
     if rule.min_keep:
-        best = rank_within_groups(np.where(dup, -np.inf, s), codes, ordr) < rule.min_keep
-        rescued = best & ~keep & ~dup
+        eligible = ~dup & ~expired & ~pinned
+        best = rank_within_groups(np.where(eligible, e, -np.inf), codes, ordr) < rule.min_keep
+        rescued = best & eligible & ~keep
         keep |= rescued
         reason[rescued] = None
-    return Decision(keep, reason, np.where(dup, np.asarray(duplicate_of if duplicate_of is not None else -1), -1),
-                    rescued)
+    protected = None
+    if pinned.any():
+        # what the decision would have said of each pinned bullet, were it not pinned (same clusters)
+        protected = pinned & ~apply_policy(s, codes, rule, tokens, duplicate_of, order, st.unpinned()).keep
+        keep = keep | pinned
+        reason[pinned] = None
+    dup_kept = dup & ~pinned
+    return Decision(keep, reason, np.where(dup_kept, np.asarray(duplicate_of if duplicate_of is not None else -1), -1),
+                    rescued, pinned, protected, st.effective if st.retention is not None else None, st.retention)
 
 
 def decide_policy(
     scores: np.ndarray, codes: np.ndarray, rule: "PruneRule", tokens: np.ndarray | None = None,
     texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None, order: np.ndarray | None = None,
+    life: Life | None = None,
 ) -> Decision:
-    """The whole decision of `rule` for one set of whole groups: duplicates (if `rule.dedup`), then `apply_policy`."""
+    """The whole decision of `rule` for one set of whole groups: the time steps' standing (`life`: pins, reference
+    times, recalls; `rule.retention` with its `now` resolved), duplicates (if `rule.dedup`), then `apply_policy`."""
+    stand = standing(scores, rule.retention, life)
     dup = None
     if rule.dedup:
-        dup = find_duplicates(scores, codes, texts, embeddings, rule.dedup_threshold, order)
-    return apply_policy(scores, codes, rule, tokens, dup, order)
-
+        dup = find_duplicates(stand.effective, codes, texts, embeddings, rule.dedup_threshold, order, stand.priority)
+    return apply_policy(scores, codes, rule, tokens, dup, order, stand)

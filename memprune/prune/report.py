@@ -56,6 +56,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         f"Decision: {summary['rule']['description']}. Run fingerprint `{summary['fingerprint']}`.",
         f"Tokens: {summary['tokenizer']}. Grouping: {g['mode']} ({g['reason']}).",
         *score_line(summary.get("score")),
+        *lifecycle_lines(summary.get("lifecycle"), result),
         *(["", f"**Warning:** {warning}."] if warning else []),
         "",
         *table(["setting", f"bullets/{unit} before", "after", "reduction %", f"tokens/{unit} before", "after",
@@ -63,6 +64,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "",
         f"Why bullets go ({written}; {result['kept_by_min_keep']} kept only by min-keep"
         + (f", {result['groups_over_budget']} {unit}s over budget because of min-keep" if result["groups_over_budget"] else "")
+        + (f", {result['kept_by_pin']} kept only because pinned" if result.get("kept_by_pin") else "")
         + "):",
         "",
         *table(["reason", "bullets"], why),
@@ -80,3 +82,27 @@ def score_line(score: dict[str, Any] | None) -> list[str]:
     what = (f"calibrated P(label >= {cal['relevance_threshold']}) ({cal['method']})" if score["used"] == "calibrated"
             else "raw scorer outputs")
     return [f"Scores: {what}; requested `{score['requested']}`." + (f" Note: {score['note']}." if score.get("note") else "")]
+
+
+def lifecycle_lines(life: dict[str, Any] | None, result: dict[str, Any]) -> list[str]:
+    """Pins, forgetting and expiry in words: the settings, the `now` ages were measured at, and the counts."""
+    if not life:
+        return []
+    lines = []
+    if life.get("pin_field"):
+        lines.append(f"Pins: column `{life['pin_field']}`; {life['pinned']} pinned bullets, all kept "
+                     f"({result.get('kept_by_pin', 0)} of them a step would have dropped).")
+    if life.get("now"):
+        steps = []
+        if life.get("half_life"):
+            steps.append(f"forgetting with half-life {life['half_life']} and recall boost {life['recall_boost']:g} "
+                         "(the policy ranks score x retention; `effective_score` and `retention` columns)")
+        if life.get("max_age"):
+            steps.append(f"expiry after {life['max_age']} ({result['dropped_by_reason'].get('expired', 0)} expired)")
+        source = "the usage log's last access, else " if life.get("usage_log") else ""
+        lines.append(f"Time: {'; '.join(steps)}; ages at {life['now']}"
+                     f"{'' if life.get('now_given') else ' (the run start)'}, from {source}the bullet's `time`, else "
+                     f"its session's time; {life['age_unknown']} bullets without a time are neither forgotten nor "
+                     "expired." + (f" Usage log `{life['usage_log']}`: {life['usage_events']} events, "
+                                   f"{life['recalled_bullets']} bullets recalled." if life.get("usage_log") else ""))
+    return lines

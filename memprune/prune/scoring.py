@@ -6,9 +6,11 @@ scoring of the batch job (`memprune prune`), so both give the same decisions on 
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,10 +20,13 @@ import pyarrow.compute as pc
 from memprune.calibration import CalibrationError, ScoreMode, resolve_score_mode
 from memprune.precision import DEFAULT_PRECISION, Precision
 from memprune.prune.config import PruneError, PruneRule
+from memprune.prune.lifecycle import Life, Usage, life_of_mappings, life_of_table, read_usage
 from memprune.prune.policy import Decision, decide_policy
 from memprune.prune.rule import group_codes
 
-OUTPUT_COLUMNS = ("score", "keep", "reason", "duplicate_of")
+# With retention (`rule.retention.half_life`) `effective_score` and `retention` follow `score`.
+RETENTION_COLUMNS = ("effective_score", "retention")
+OUTPUT_COLUMNS = ("score", *RETENTION_COLUMNS, "keep", "reason", "duplicate_of")
 # Helper columns that live only inside the batch job's pipeline (never written).
 ROW = "__memprune_row"
 SORTKEY = "__memprune_sortkey"
@@ -103,29 +108,45 @@ def group_keys_of(table: pa.Table, keys: Sequence[str]) -> list[Any]:
 def decide(
     scores: np.ndarray, groups: Sequence[Any] | np.ndarray, rule: PruneRule, tokens: np.ndarray | None = None,
     texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None, order: np.ndarray | None = None,
+    life: Life | None = None,
 ) -> Decision:
-    """The decision of `memprune.prune.policy.decide_policy` for these groups, with `PruneError` instead of ValueError."""
+    """The decision of `memprune.prune.policy.decide_policy` for these groups, with `PruneError` instead of ValueError.
+
+    A rule with retention but no `now` measures ages at the wall clock of this call.
+    """
     try:
         codes = group_codes(groups)
         if len(codes) != len(scores):
             raise ValueError(f"scores ({len(scores)}) and groups ({len(codes)}) differ in length")
-        return decide_policy(np.asarray(scores, dtype=np.float64), codes, rule, tokens, texts, embeddings, order)
+        rule = rule.at(dt.datetime.now(dt.timezone.utc))
+        return decide_policy(np.asarray(scores, dtype=np.float64), codes, rule, tokens, texts, embeddings, order, life)
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
 
 
 def with_outputs(table: pa.Table, scores: np.ndarray, decision: Decision) -> pa.Table:
-    """`table` without helper/old output columns, plus `score`, `keep`, `reason` and `duplicate_of` (a bullet_id)."""
+    """`table` without helper/old output columns, plus `score`, (with retention) `effective_score` and
+    `retention`, `keep`, `reason` and `duplicate_of` (a bullet_id)."""
     drop = [c for c in (*HELPERS, *OUTPUT_COLUMNS) if c in table.column_names]
     ids = table.column("bullet_id")
     table = table.drop_columns(drop) if drop else table
     dup = decision.duplicate_of
     dup_ids = pc.take(ids, pa.array(np.where(dup >= 0, dup, 0), pa.int64())) if len(dup) else pa.array([], pa.string())
     dup_ids = pc.if_else(pa.array(dup >= 0, pa.bool_()), dup_ids, pa.scalar(None, pa.string()))
-    return (table.append_column("score", pa.array(scores, pa.float64()))
-            .append_column("keep", pa.array(decision.keep, pa.bool_()))
+    table = table.append_column("score", pa.array(scores, pa.float64()))
+    if decision.effective is not None:
+        table = (table.append_column("effective_score", pa.array(decision.effective, pa.float64()))
+                 .append_column("retention", pa.array(decision.retention, pa.float64())))
+    return (table.append_column("keep", pa.array(decision.keep, pa.bool_()))
             .append_column("reason", pa.array(decision.reason.tolist(), pa.string()))
             .append_column("duplicate_of", dup_ids.cast(pa.string())))
+
+
+class _AnyId:
+    """Every bullet id is known (MemoryPruner sees one session, not the store a usage log covers)."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
 
 
 @dataclass(frozen=True)
@@ -152,11 +173,20 @@ class MemoryPruner:
     `score` is the batch job's setting:
     `auto` (calibrated where the artifact has a calibration.json, else raw; `score_note` says so),
     `raw`, or `calibrated` (an error without a calibration); `calibrated` tells which was used.
+
+    Keeping memory current (`memprune.prune.lifecycle`): `pin_field="pinned"` pins the bullets whose
+    mapping key (table column) is true; `retention={"half_life": "30d", "recall_boost": 1, "max_age": "90d",
+    "now": ...}` forgets by age and expires; a bullet's age comes from its last access (`usage_log`, a
+    usage log file read once here, or `usage`, a `lifecycle.Usage`), else its `time`, else its
+    `session_time` key (or column), else `session_times[(conversation_id, session_index)]`. Without
+    `now` ages are measured at the wall clock of each call. The usage log is not checked against a
+    store here (this sees one session at a time); `memprune prune --usage-log` checks every id.
     """
 
     def __init__(self, scorer: Any, rule: PruneRule | None = None, batch_size: int = 64, sort_by_length: bool = True,
                  device: str | None = None, precision: Precision | None = None, tokenizer: str = "encoder",
-                 score: ScoreMode = "auto",
+                 score: ScoreMode = "auto", usage_log: str | Path | None = None, usage: Usage | None = None,
+                 session_times: Mapping[tuple[Any, Any], float] | None = None,
                  **rule_fields: Any) -> None:
         from memprune.scorer import Scorer
         from memprune.tokens import check_unit
@@ -183,6 +213,17 @@ class MemoryPruner:
         check_unit(tokenizer)
         self.tokenizer = tokenizer
         self._count: Any = None
+        if usage_log is not None and usage is not None:
+            raise PruneError("give usage_log (a file) or usage (read), not both")
+        if usage_log is not None:
+            try:
+                usage = read_usage(usage_log, _AnyId())
+            except ValueError as exc:
+                raise PruneError(str(exc)) from exc
+        if usage is not None and not self.rule.retention.on:
+            raise PruneError("a usage log only matters for forgetting: set retention half_life (or max_age)")
+        self.usage = usage
+        self.session_times = session_times
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
         """Tokens per text in the rule's unit (the counter of `memprune prune`, built on first use)."""
@@ -199,8 +240,14 @@ class MemoryPruner:
         check_scores(scores, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner")
         return self.scorer.calibrate(scores) if self.calibrated else scores
 
+    def _life(self, make: Any) -> Life | None:
+        try:
+            return make()
+        except ValueError as exc:
+            raise PruneError(f"MemoryPruner: {exc}") from exc
+
     def _decide_texts(self, texts: list[str], groups: Sequence[Any], ids: Sequence[Any], where: str,
-                      rule: PruneRule) -> tuple[np.ndarray, Decision]:
+                      rule: PruneRule, life: Life | None = None) -> tuple[np.ndarray, Decision]:
         # A duck-typed scorer without `embed` (no encoder) gets exact-duplicate merging only.
         embed = rule.dedup and hasattr(self.scorer, "embed")
         scores, emb = score_and_embed(self.scorer, texts, self.batch_size, self.sort_by_length, embed=embed)
@@ -208,17 +255,22 @@ class MemoryPruner:
         if self.calibrated:
             scores = self.scorer.calibrate(scores)
         tokens = self.count_tokens(texts) if rule.policy.needs_tokens else None
-        return scores, decide(scores, groups, rule, tokens, texts, emb)
+        return scores, decide(scores, groups, rule, tokens, texts, emb, life=life)
 
     def decisions(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, Decision]:
-        """(scores, the whole `Decision`: keep, reason, duplicate_of) for `bullets`; one group unless `groups`."""
+        """(scores, the whole `Decision`: keep, reason, duplicate_of, rescued, pinned, protected, and with retention
+        the effective scores) for `bullets`; one group unless `groups`."""
+        bullets = list(bullets)
         texts = [bullet_text(b, i) for i, b in enumerate(bullets)]
         if groups is None:
             groups = np.zeros(len(texts), dtype=np.int64)
         elif len(groups) != len(texts):
             raise PruneError(f"groups ({len(groups)}) and bullets ({len(texts)}) differ in length")
+        rule = self.rule
+        life = self._life(lambda: life_of_mappings(bullets, rule.pin_field, rule.retention, self.usage,
+                                                   self.session_times))
         return self._decide_texts(texts, groups, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner",
-                                  self.rule)
+                                  rule, life)
 
     def decide(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, keep mask) for `bullets`; all one group unless per-bullet `groups` are given."""
@@ -240,6 +292,8 @@ class MemoryPruner:
         missing = [c for c in ("bullet_id", "text", *rule.keys) if c not in table.column_names]
         if missing:
             raise PruneError(f"<table>: column {missing[0]!r} missing")
+        life = self._life(lambda: life_of_table(table, rule.pin_field, rule.retention, self.usage, self.session_times))
         scores, decision = self._decide_texts(table.column("text").to_pylist(), group_keys_of(table, rule.keys),
-                                              table.column("bullet_id").to_pylist(), "MemoryPruner.prune_table", rule)
+                                              table.column("bullet_id").to_pylist(), "MemoryPruner.prune_table", rule,
+                                              life)
         return with_outputs(table, scores, decision)

@@ -8,6 +8,7 @@ writes `OUT/prune.json` and `OUT/prune.md`: bullets and tokens per group before 
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from memprune.calibration import CalibrationError, resolve_score_mode
 from memprune.encoders import EncoderError
 from memprune.io import OutputSet, check_out_location, check_out_outside, write_jsonl, write_summary
 from memprune.prune.config import PruneConfig, PruneError, PruneRule
+from memprune.prune.lifecycle import SESSION_TIME, TIME, epoch_seconds, format_duration, read_usage, session_times_of
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
 from memprune.prune.stats import empty_stats, summarize_stats
@@ -40,7 +42,8 @@ from memprune.scorer import ScorerError, artifact_path, check_artifact, load_cal
 from memprune.storage import canonical, location
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
-from memprune.work import digest
+from memprune.usagelog import usage_files
+from memprune.work import digest, file_digest
 
 PRUNE_FORMAT = 1
 console = Console(stderr=True)
@@ -74,16 +77,99 @@ def score_mode(config: PruneConfig, scorer_info: dict[str, Any]) -> dict[str, An
     return {"requested": config.score, "used": "calibrated" if calibrated else "raw", "calibration": cal, "note": note}
 
 
-OUTPUT_TYPES = {"score": pa.float64(), "keep": pa.bool_(), "reason": pa.string(), "duplicate_of": pa.string()}
+def output_types(rule: PruneRule) -> dict[str, pa.DataType]:
+    """The columns the job adds, in order: score, (with forgetting) effective_score and retention, keep, reason,
+    duplicate_of."""
+    extra = {"effective_score": pa.float64(), "retention": pa.float64()} if rule.retention.forgets else {}
+    return {"score": pa.float64(), **extra, "keep": pa.bool_(), "reason": pa.string(), "duplicate_of": pa.string()}
 
 
 def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: list[Any]) -> str:
-    """What the decision depends on (rule, scorer, input files' sizes and times, token unit), as 16 hex digits."""
+    """What the decision depends on (rule, scorer, input files' sizes and times, token unit; with retention its
+    resolved `now` and the usage log), as 16 hex digits."""
     payload = {"rule": config.rule.model_dump(mode="json"), "score": config.score, "scorer": scorer_info,
                "tokenizer": config.tokenizer,
                "limit_rows": config.limit_rows, "columns": config.columns,
                "input": [(f.path, f.num_rows, *location(f.path).stamp()) for f in files]}
+    if config.usage_log is not None:
+        payload["usage_log"] = [(str(f), file_digest(f)) for f in usage_files(config.usage_log, error=PruneError)]
     return digest(payload)[:16]
+
+
+def carried_columns(config: PruneConfig, files: list[Any]) -> list[str] | None:
+    """`columns` plus the ones the decision reads (the pin field, `time`, `session_time`) where the store has them."""
+    if config.columns is None:
+        return None
+    try:
+        names = parquet_file(files[0]).schema_arrow.names
+    except (pa.ArrowInvalid, OSError):
+        return config.columns  # open_store names the file
+    wanted = [config.rule.pin_field, *((TIME, SESSION_TIME) if config.rule.retention.on else ())]
+    return [*config.columns, *(c for c in wanted if c and c in names and c not in config.columns)]
+
+
+def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
+                now_given: bool) -> tuple[Any, dict[str, Any] | None]:
+    """Before any work: the pin field is a boolean column, every `time` is a time, the usage log names only
+    bullets of the store; read the log and the corpus's session times for the actors. (None, None) when the
+    rule has neither pins nor retention; else what the actors need and what prune.json records."""
+    from memprune.prune.job import Lives
+
+    rule = config.rule
+    if rule.pin_field is None and not rule.retention.on:
+        return None, None
+    if rule.pin_field is not None:
+        if rule.pin_field not in schema.names:
+            raise PruneError(f"--pin-field {rule.pin_field}: the store has no column {rule.pin_field!r} "
+                             f"({files[0].path}; columns: {', '.join(schema.names)})")
+        got = schema.field(rule.pin_field).type
+        if not pa.types.is_boolean(got):
+            raise PruneError(f"--pin-field {rule.pin_field}: column {rule.pin_field!r} has type {got}, expected bool "
+                             f"({files[0].path})")
+    info: dict[str, Any] = {"pin_field": rule.pin_field}
+    if not rule.retention.on:
+        return Lives(), info
+    try:
+        for name in (TIME, SESSION_TIME):  # parse once here, so that a bad time is one line before any work
+            if name in schema.names:
+                for f in files:
+                    t = read_parquet(f.path, columns=["bullet_id", name])
+                    try:
+                        epoch_seconds(t.column(name), name, t.column("bullet_id").to_pylist())
+                    except ValueError as exc:
+                        raise PruneError(f"{f.path}: {exc}") from None
+        session_times = None
+        if SESSION_TIME not in schema.names:
+            session_times = corpus_session_times(files)
+        usage = None
+        if config.usage_log is not None:
+            known = set(pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
+                                          .column(0).cast(pa.string()).chunks], pa.string()).to_pylist())
+            usage = read_usage(config.usage_log, known)
+    except ValueError as exc:
+        raise PruneError(str(exc)) from exc
+    r = rule.retention
+    info |= {"half_life": None if r.half_life is None else format_duration(r.half_life), "recall_boost": r.recall_boost,
+             "max_age": None if r.max_age is None else format_duration(r.max_age),
+             "now": r.now.isoformat() if r.now else None, "now_given": now_given,
+             "time_columns": [n for n in (TIME, SESSION_TIME) if n in schema.names],
+             "session_times": len(session_times or {}), "usage_log": config.usage_log,
+             "usage_events": usage.events if usage else 0, "recalled_bullets": len(usage.recalls) if usage else 0}
+    return Lives(usage, session_times or None), info
+
+
+def corpus_session_times(files: list[Any]) -> dict[tuple[Any, Any], float] | None:
+    """The session times of a corpus dir (its sessions.parquet beside bullets.parquet), else None."""
+    if len(files) != 1 or not str(files[0].path).endswith("bullets.parquet"):
+        return None
+    path = str(files[0].path)[: -len("bullets.parquet")] + "sessions.parquet"
+    if not location(path).is_file():
+        return None
+    try:
+        table = read_parquet(path, columns=["conversation_id", "session_index", TIME])
+    except (OSError, pa.ArrowInvalid, KeyError):
+        return None
+    return session_times_of(table)
 
 
 def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
@@ -97,6 +183,9 @@ def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
 def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
     started = time.perf_counter()
+    given_rule = config.rule
+    # ages are measured at one `now` for the whole run: the rule's, else the wall clock at the run's start
+    config = config.model_copy(update={"rule": config.rule.at(dt.datetime.now(dt.timezone.utc))})
     out = check_out_location(config.out, "prune")
     if out.local and location(config.input).local and not (Path(config.input) / "bullets.parquet").is_file():
         check_out_outside(out.as_path(), config.input, "input store")  # a dir read whole (not a corpus dir's one file)
@@ -104,7 +193,9 @@ def run(config: PruneConfig) -> dict[str, Any]:
     scorer_info = check_scorer(config.scorer)
     scores_used = score_mode(config, scorer_info)
     rule, settings = config.rule, config.settings()
-    files, schema, notes = open_store(list_store_files(config.input), config.columns)
+    store_files = list_store_files(config.input)
+    files, schema, notes = open_store(store_files, carried_columns(config, store_files))
+    lives, life_info = check_lives(config, files, schema, given_rule.retention.now is not None)
     rows_wanted = min(sum(f.num_rows for f in files), config.limit_rows or math.inf)
     res: ActorResources | None = None
     init_s = 0.0
@@ -130,7 +221,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
                   f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks", highlight=False)
     with OutputSet(out, "prune") as outputs:
         summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, init_s,
-                            started, outputs, scores_used)
+                            started, outputs, scores_used, given_rule, lives, life_info)
     where = "dry run, no store written" if config.dry_run else str(out / STORE_DIR)
     console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
                   f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {where}", highlight=False)
@@ -140,13 +231,14 @@ def run(config: PruneConfig) -> dict[str, Any]:
 def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema: pa.Schema,
               settings: list[PruneRule], files: list[Any], notes: list[str],
               scorer_info: dict[str, Any], block_rows: int, init_s: float, started: float,
-              outputs: OutputSet, scores_used: dict[str, Any]) -> dict[str, Any]:
+              outputs: OutputSet, scores_used: dict[str, Any], given_rule: PruneRule, lives: Any,
+              life_info: dict[str, Any] | None) -> dict[str, Any]:
     """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
     from memprune.prune.job import run_pipeline
 
     rule = config.rule
     store = outputs.target(STORE_DIR)
-    out_schema = pa.schema([*schema, *(pa.field(n, t) for n, t in OUTPUT_TYPES.items())])
+    out_schema = pa.schema([*schema, *(pa.field(n, t) for n, t in output_types(rule).items())])
     preview = None
     if plan.rows == 0 or res is None:
         stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
@@ -156,7 +248,7 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
             pq.write_table(out_schema.empty_table(), (store / "part-00000.parquet").path, filesystem=store.fs)
     else:
         stats, timing, preview = run_pipeline(config, res, plan, schema, store,
-                                              calibrated=scores_used["used"] == "calibrated")
+                                              calibrated=scores_used["used"] == "calibrated", lives=lives)
         timing = {"ray_init_s": init_s, **timing}
     written = [] if config.dry_run else finalize_files(store)
     rows_out = sum(parquet_file(p).metadata.num_rows for p in written)
@@ -189,10 +281,13 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
         "emitted": emitted,
         "scorer": scorer_info,
         "score": scores_used,
-        "rule": {**rule.model_dump(mode="json"), "name": rule.name, "label": rule.label, "description": rule.describe(),
-                 "keys": list(rule.keys),
+        # the rule as given (a `now` left unset stays unset; the one used is in `lifecycle`)
+        "rule": {**given_rule.model_dump(mode="json"), "name": rule.name, "label": rule.label,
+                 "description": rule.describe(), "keys": list(rule.keys),
                  "ties": "higher score first, then earlier input position"},
         "duplicates": stats.get("duplicates", 0),
+        "lifecycle": None if life_info is None else {**life_info, "pinned": stats.get("pinned", 0),
+                                                     "age_unknown": stats.get("age_unknown", 0)},
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
                      "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
         "tokenizer": unit_name(config.tokenizer, scorer_info["encoder"]),

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from memprune.prune.config import PruneRule
+from memprune.prune.lifecycle import Life, standing
 from memprune.prune.policy import Decision, apply_policy, find_duplicates, reasons
 from memprune.prune.rule import group_codes
 
@@ -31,9 +32,9 @@ def empty_stats(settings: Sequence[PruneRule]) -> dict[str, Any]:
     """Additive counters of the prune job (merged over blocks by `merge_stats`)."""
     return {
         "rows": 0, "groups": 0, "tokens": 0, "score_sum": 0.0, "score_min": None, "score_max": None,
-        "duplicates": 0,
+        "duplicates": 0, "pinned": 0, "age_unknown": 0,
         "settings": {r.name: {"kept": 0, "tokens_kept": 0, "groups_emptied": 0, "groups_over_budget": 0, "rescued": 0,
-                              "reasons": dict.fromkeys(reasons(), 0), "kept_hist": {}}
+                              "kept_by_pin": 0, "reasons": dict.fromkeys(reasons(), 0), "kept_hist": {}}
                      for r in settings},
     }
 
@@ -41,10 +42,12 @@ def empty_stats(settings: Sequence[PruneRule]) -> dict[str, Any]:
 def block_stats(
     groups: Sequence[Any], scores: np.ndarray, tokens: np.ndarray, settings: Sequence[PruneRule],
     order: np.ndarray | None = None, texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None,
+    life: Life | None = None,
 ) -> tuple[dict[str, Any], Decision]:
     """Counters of one block that holds whole groups, and the decision of the first setting (the one written).
 
-    Duplicates are found once (every setting shares the rule's dedup) and each setting's policy applied to them.
+    The time steps' standing (pins, retention, expiry) and the duplicates are found once (every setting shares
+    the rule's pins, retention and dedup) and each setting's policy applied to them.
     """
     codes = group_codes(groups)
     n_groups = int(codes.max()) + 1 if len(codes) else 0
@@ -56,20 +59,25 @@ def block_stats(
         group_hashes=np.fromiter((stable_hash(groups[i]) for i in first), dtype=np.int64, count=len(first)),
     )
     main = settings[0]
-    dup = find_duplicates(scores, codes, texts, embeddings, main.dedup_threshold, order) if main.dedup else None
+    stand = standing(scores, main.retention, life)
+    dup = (find_duplicates(stand.effective, codes, texts, embeddings, main.dedup_threshold, order, stand.priority)
+           if main.dedup else None)
     stats["duplicates"] = int((dup >= 0).sum()) if dup is not None else 0
+    stats["pinned"] = int(stand.pinned.sum())
+    stats["age_unknown"] = int((~stand.age_known).sum()) if main.retention.on else 0
     decisions = []
     for rule in settings:
-        d = apply_policy(scores, codes, rule, tokens, dup, order)
+        d = apply_policy(scores, codes, rule, tokens, dup, order, stand)
         decisions.append(d)
         kept = np.bincount(codes[d.keep], minlength=n_groups)
-        kept_tokens = np.bincount(codes[d.keep], weights=tokens[d.keep], minlength=n_groups)
+        budgeted = d.keep & ~stand.pinned  # pinned bullets stand outside the budget
+        kept_tokens = np.bincount(codes[budgeted], weights=tokens[budgeted], minlength=n_groups)
         hist = np.bincount(kept)
         stats["settings"][rule.name] = {
             "kept": int(d.keep.sum()), "tokens_kept": int(tokens[d.keep].sum()),
             "groups_emptied": int((kept == 0).sum()),
             "groups_over_budget": rule.policy.groups_over(kept_tokens),
-            "rescued": int(d.rescued.sum()), "reasons": d.reason_counts(),
+            "rescued": int(d.rescued.sum()), "kept_by_pin": d.pin_counts()["kept_by_pin"], "reasons": d.reason_counts(),
             "kept_hist": {str(i): int(c) for i, c in enumerate(hist) if c},
         }
     return stats, decisions[0]
@@ -78,8 +86,8 @@ def block_stats(
 def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Sum two counter dicts from `block_stats`/`empty_stats` (min/max combined, histograms added)."""
     out = dict(a)
-    for key in ("rows", "groups", "tokens", "score_sum", "duplicates"):
-        out[key] = a[key] + b[key]
+    for key in ("rows", "groups", "tokens", "score_sum", "duplicates", "pinned", "age_unknown"):
+        out[key] = a.get(key, 0) + b.get(key, 0)
     for key, fn in (("score_min", min), ("score_max", max)):
         vals = [v for v in (a[key], b[key]) if v is not None]
         out[key] = fn(vals) if vals else None
@@ -90,7 +98,7 @@ def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         for k, v in sb["kept_hist"].items():
             hist[k] = hist.get(k, 0) + v
         settings[name] = {key: sa[key] + sb[key] for key in ("kept", "tokens_kept", "groups_emptied",
-                                                              "groups_over_budget", "rescued")}
+                                                              "groups_over_budget", "rescued", "kept_by_pin")}
         settings[name]["reasons"] = {r: sa["reasons"][r] + sb["reasons"][r] for r in sa["reasons"]}
         settings[name]["kept_hist"] = hist
     out["settings"] = settings
@@ -115,6 +123,7 @@ def summarize_stats(stats: dict[str, Any], settings: Sequence[PruneRule]) -> dic
             "groups_emptied": s["groups_emptied"],
             "groups_emptied_pct": 100.0 * s["groups_emptied"] / groups if groups else None,
             "groups_over_budget": s["groups_over_budget"], "kept_by_min_keep": s["rescued"],
+            "pinned": stats.get("pinned", 0), "kept_by_pin": s.get("kept_by_pin", 0),
             "dropped_by_reason": s["reasons"],
             "bullets_total_before": rows, "bullets_total_after": s["kept"],
             "tokens_total_before": tokens, "tokens_total_after": s["tokens_kept"],
