@@ -391,3 +391,60 @@ def test_gpu_requests_without_a_gpu_give_one_clear_line(world: dict[str, Path]) 
                     "training and pruning")
     failures = _failures(gpu_cases(world))
     assert not failures, "\n".join(failures)
+
+
+@pytest.fixture(scope="module")
+def life_world(tmp_path_factory: pytest.TempPathFactory, scorer_dir: Path) -> dict[str, Path]:
+    """A corpus, one with a `time` column that holds a non-time, one whose sessions' times are not times, a usage
+    log naming a bullet the store does not hold; and the scorer."""
+    from memprune.synth import generate
+
+    root = tmp_path_factory.mktemp("life-world")
+    generate(root / "corpus", conversations=2, sessions=2, seed=1)
+    bullets = pq.read_table(root / "corpus" / "bullets.parquet")
+    ids = bullets.column("bullet_id").to_pylist()
+    for name in ("bad-time", "bad-session-time"):
+        shutil.copytree(root / "corpus", root / name)
+        (root / name / ".memprune.json").unlink()
+    times = ["2024-05-01"] * len(ids)
+    times[3] = "yesterday"
+    pq.write_table(bullets.append_column("time", pa.array(times)), root / "bad-time" / "bullets.parquet")
+    sessions = pq.read_table(root / "corpus" / "sessions.parquet")
+    pq.write_table(sessions.set_column(sessions.schema.get_field_index("time"), "time",
+                                       pa.array(["2024-05-01", "next tuesday", *["2024-05-02"] * (sessions.num_rows - 2)])),
+                   root / "bad-session-time" / "sessions.parquet")
+    (root / "usage.jsonl").write_text(json.dumps({"bullet_id": ids[0], "used": True}) + "\n"
+                                      + json.dumps({"bullet_id": "nobody:s0:b9", "used": True}) + "\n")
+    return {"root": root, "scorer": scorer_dir, "id3": Path(ids[3])}
+
+
+def life_cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
+    """Pins, forgetting and expiry (issue 26): a bad duration, a missing pin field, unknown usage-log ids, bad times."""
+    r = w["root"]
+    o = str(r / "out")
+    prune = ["prune", "--scorer", str(w["scorer"]), "--input", str(r / "corpus"), "--out", o]
+    return [
+        ("prune-half-life", [*prune, "--half-life", "3x"],
+         "--half-life: '3x' is not a duration; use e.g. 30d, 12h, P2W", o),
+        ("prune-max-age", [*prune, "--max-age", "ninety days"], "--max-age: 'ninety days' is not a duration", o),
+        ("prune-half-life-set", [*prune, "--set", "rule.retention.half_life=3x"],
+         "rule.retention.half_life: Value error, '3x' is not a duration", o),
+        ("prune-now", [*prune, "--max-age", "90d", "--now", "soon"], "--now: 'soon' is not a time", o),
+        ("prune-recall-boost-alone", [*prune, "--recall-boost", "2"], "set half_life too", o),
+        ("prune-usage-without-retention", [*prune, "--usage-log", str(r / "usage.jsonl")], "--half-life", o),
+        ("prune-pin-field", [*prune, "--pin-field", "pinned"], "--pin-field pinned: the store has no column 'pinned'", o),
+        ("prune-pin-field-type", [*prune, "--pin-field", "speaker"], "column 'speaker' has type string, expected bool", o),
+        ("prune-usage-unknown-id", [*prune, "--half-life", "30d", "--usage-log", str(r / "usage.jsonl")],
+         f"{r / 'usage.jsonl'}: line 2: unknown bullet_id 'nobody:s0:b9'", o),
+        ("prune-usage-missing", [*prune, "--half-life", "30d", "--usage-log", str(r / "nope.jsonl")],
+         "usage log not found", o),
+        ("prune-bad-time", [*prune[:4], str(r / "bad-time"), *prune[5:], "--max-age", "90d"],
+         f"column 'time': 'yesterday' (record '{w['id3']}') is not a time", o),
+        ("prune-bad-session-time", [*prune[:4], str(r / "bad-session-time"), *prune[5:], "--half-life", "2w"],
+         "sessions.parquet: column 'sessions.time': 'next tuesday'", o),
+    ]
+
+
+def test_keeping_memory_current_gives_one_clear_line(life_world: dict[str, Path]) -> None:
+    failures = _failures(life_cases(life_world))
+    assert not failures, "\n".join(failures)

@@ -118,7 +118,7 @@ class PruneRule(ConfigModel):
             extras.append(f"at least {self.min_keep} kept per {unit}")
         extras.append(f"duplicates merged at cosine {self.dedup_threshold:g}" if self.dedup else "no duplicate merging")
         if self.retention.on:
-            extras.append(self.retention.describe() + (", policy on score x retention" if self.retention.forgets else ""))
+            extras.append(self.retention.describe())
         if self.pin_field is not None:
             extras.append(f"bullets with {self.pin_field} = true pinned (never dropped)")
         return f"{self.policy.describe(unit)}; {'; '.join(extras)}"

@@ -142,7 +142,8 @@ class Retention(ConfigModel):
         """e.g. 'forgetting half-life 30d (recall boost 1); expire after 90d; ages at 2024-05-01T00:00:00+00:00'."""
         parts = []
         if self.half_life is not None:
-            parts.append(f"forgetting half-life {format_duration(self.half_life)} (recall boost {self.recall_boost:g})")
+            parts.append(f"forgetting half-life {format_duration(self.half_life)} (recall boost {self.recall_boost:g}; "
+                         "the policy ranks score x retention)")
         if self.max_age is not None:
             parts.append(f"expire after {format_duration(self.max_age)}")
         if self.now is not None:
@@ -352,7 +353,7 @@ def life_of(columns: Mapping[str, Any], n: int, pin_field: str | None, retention
     (conversation_id, session_index)) and recalls. None when neither pins nor retention are asked for."""
     if pin_field is None and not retention.on:
         return None
-    ids = columns["bullet_id"] if "bullet_id" in columns else list(range(n))
+    ids = columns["bullet_id"] if "bullet_id" in columns else [f"bullets[{i}]" for i in range(n)]
     ids = ids.to_pylist() if isinstance(ids, (pa.Array, pa.ChunkedArray)) else list(ids)
     pinned = None
     if pin_field is not None:

@@ -169,7 +169,10 @@ def corpus_session_times(files: list[Any]) -> dict[tuple[Any, Any], float] | Non
         table = read_parquet(path, columns=["conversation_id", "session_index", TIME])
     except (OSError, pa.ArrowInvalid, KeyError):
         return None
-    return session_times_of(table)
+    try:
+        return session_times_of(table)
+    except ValueError as exc:
+        raise PruneError(f"{path}: {exc}") from None
 
 
 def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
