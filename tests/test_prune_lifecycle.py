@@ -233,6 +233,12 @@ def test_memory_pruner_usage_log_recalls_and_last_access(tmp_path):
     # b4: last access 12 hours ago, 2 recalls: S = 30d/ln2 * 3
     np.testing.assert_allclose(d.retention[4], math.exp(-0.5 / (30 / math.log(2) * 3)))
     np.testing.assert_allclose(d.retention[1], 0.5 ** (11 / 60))  # b1: its own time, one recall
+    # the README's example: recalled twice, yesterday, the old phone number stays
+    pruner = MemoryPruner(FixedScorer(SCORES), threshold=0.25, top_k=2, pin_field="pinned", usage_log=log,
+                          retention={"half_life": "30d", "now": "2024-05-01"})
+    _, d = pruner.decisions(_memory())
+    assert d.reason.tolist() == [None, None, "over_top_k", "below_threshold", None]
+    np.testing.assert_allclose(d.effective[[1, 2, 3, 4]], [0.616, 0.280, 0.147, 0.797], atol=6e-4)
     with pytest.raises(LifecycleError, match=r"usage\.jsonl: line 1: unknown bullet_id 'b4'"):
         read_usage(log, {"b1", "b2"})
 
