@@ -330,3 +330,21 @@ def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_and_e
     assert summary["rule"]["retention"]["now"] == "2024-01-20T00:00:00+00:00"
     md = (out / "prune.md").read_text()
     assert "Pins: column `pinned`" in md and "expiry after 5w" in md and "| expired |" in md
+
+
+def test_dry_run_preview_shows_the_effective_score(tmp_path):
+    from memprune.prune.job import preview_block
+    from memprune.prune.stage import write_preview
+
+    table = pa.table({"conversation_id": ["c", "c"], "session_index": pa.array([0, 0], pa.int32()),
+                      "bullet_id": ["c:s0:b0", "c:s0:b1"], "text": ["a", "b"], "score": [0.8, 0.4],
+                      "effective_score": [0.4, 0.39], "retention": [0.5, 0.975], "keep": [True, False],
+                      "reason": [None, "over_top_k"], "duplicate_of": pa.nulls(2, pa.string())})
+    keys = ["conversation_id", "session_index"]
+    write_preview(tmp_path / "preview.jsonl", preview_block(table, keys, 1.0), keys)
+    lines = [json.loads(ln) for ln in (tmp_path / "preview.jsonl").read_text().splitlines()]
+    assert [(ln["score"], ln["effective_score"], ln["reason"]) for ln in lines] == [(0.8, 0.4, None),
+                                                                                    (0.4, 0.39, "over_top_k")]
+    write_preview(tmp_path / "plain.jsonl", preview_block(table.drop_columns(["effective_score", "retention"]),
+                                                          keys, 1.0), keys)
+    assert "effective_score" not in (tmp_path / "plain.jsonl").read_text()

@@ -270,7 +270,7 @@ PREVIEW_COLUMNS = ("bullet_id", "text", "score", "keep", "reason", "duplicate_of
 
 def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
     """The rows of a hash sample of the block's groups (each group in or out whole), with the preview's columns."""
-    cols = [*keys, *(c for c in PREVIEW_COLUMNS if c not in keys)]
+    cols = [*keys, *(c for c in (*PREVIEW_COLUMNS, "effective_score") if c not in keys and c in block.column_names)]
     if block.num_rows == 0 or rate <= 0:
         return block.select(cols).slice(0, 0)
     groups = group_keys_of(block, keys)
