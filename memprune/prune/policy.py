@@ -183,7 +183,9 @@ def apply_policy(
     """The decision of `rule` (expiry, floor, policy, min-keep, pins) for bullets whose duplicates are known.
 
     `stand` (`lifecycle.standing`) gives the effective scores, the expired and the pinned bullets;
-    without it the scores are ranked as they are and nothing is pinned or expired.
+    without it the scores are ranked as they are and nothing is pinned or expired. Min-keep counts a
+    group's kept *non-pinned* bullets: it brings back the best non-duplicate, non-expired, non-pinned ones
+    until there are m of them (or none is left); pinned bullets are kept on top of that.
     """
     s = np.asarray(scores, dtype=np.float64)
     n = len(s)
