@@ -135,36 +135,14 @@ def test_local_paths_the_worker_node_cannot_see_are_one_line_before_any_work(two
     assert not (tmp_path / "o").exists()
 
 
-def test_prune_with_every_path_on_s3_runs_on_both_nodes_and_commits_in_the_bucket(two_nodes, bucket: str,
-                                                                                 scorer_dir: Path, msc_small: Path):
-    from memprune.prune import MemoryPruner, read_pruned
-
-    address, worker, private = two_nodes
-    store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
-    scorer = upload(scorer_dir, f"{bucket}/scorer")
-    out = f"{bucket}/pruned"
-    proc = _prune(address, "--scorer", scorer, "--input", store, "--out", out, "--top-k", "3", "--set", "actors=2",
-                  "--set", "block_rows=32")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((location(out) / "prune.json").read_text())
-    assert summary["resources"]["nodes"] == 2  # a scoring actor on each node
-    assert json.loads((location(out) / ".memprune.json").read_text())["state"] == "done"
-    got = read_pruned(out)
-    want = MemoryPruner(scorer_dir, top_k=3).prune_table(pq.read_table(msc_small / "bullets.parquet"))
-    assert got["bullet_id"].to_pylist() == want["bullet_id"].to_pylist()
-    assert got["keep"].to_pylist() == want["keep"].to_pylist() and got["reason"].to_pylist() == want["reason"].to_pylist()
-    # the worker node wrote nothing on its own disk but Ray's session files and its cached copy of the scorer
-    written = _private_files(worker, private)
-    assert all(Path(f).is_relative_to("cache/artifacts") for f in written), written
-    assert any(f.endswith("head.safetensors") for f in written)  # the worker fetched the artifact itself
-
-
-def test_a_driver_killed_mid_prune_leaves_nothing_a_reader_accepts_and_a_rerun_gives_the_same(
+def test_prune_on_s3_killed_mid_write_leaves_nothing_a_reader_accepts_and_the_rerun_runs_on_both_nodes(
         two_nodes, bucket: str, scorer_dir: Path, msc_small: Path):
+    """Every path on S3: a driver SIGKILLed mid-write leaves nothing a reader accepts; the rerun runs on both nodes,
+    commits in the bucket, decides as MemoryPruner does, and the worker node wrote only its scorer cache."""
     from memprune.io import check_committed
     from memprune.prune import MemoryPruner, read_pruned
 
-    address, _, _ = two_nodes
+    address, worker, private = two_nodes
     store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
     scorer = upload(scorer_dir, f"{bucket}/scorer")
     out = f"{bucket}/pruned"
@@ -191,11 +169,17 @@ def test_a_driver_killed_mid_prune_leaves_nothing_a_reader_accepts_and_a_rerun_g
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert not [n for n in root.files() if n.startswith(".staging-")]  # the killed run's staging is gone
     check_committed(f"{out}/prune.json")
+    assert json.loads((root / ".memprune.json").read_text())["state"] == "done"
+    assert json.loads((root / "prune.json").read_text())["resources"]["nodes"] == 2  # a scoring actor on each node
     got = read_pruned(out)  # the decisions of the one uninterrupted process
     want = MemoryPruner(scorer_dir, top_k=3).prune_table(pq.read_table(msc_small / "bullets.parquet"))
     for col in ("bullet_id", "keep", "reason", "duplicate_of"):
         assert got[col].to_pylist() == want[col].to_pylist(), col
     assert got["score"].to_pylist() == pytest.approx(want["score"].to_pylist(), abs=1e-5)
+    # the worker node wrote nothing on its own disk but Ray's session files and its cached copy of the scorer
+    written = _private_files(worker, private)
+    assert all(Path(f).is_relative_to("cache/artifacts") for f in written), written
+    assert any(f.endswith("head.safetensors") for f in written)  # the worker fetched the artifact itself
 
 
 def test_train_with_a_local_out_the_worker_node_cannot_see_is_one_line_before_training(two_nodes, tmp_path: Path):
