@@ -5,6 +5,7 @@ changed."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import stat
@@ -30,6 +31,10 @@ USERS = {
     "carol": ["Carol moved to Lisbon last year.", "k", "Carol plays the cello in an orchestra."],
 }
 RULE = ["--threshold", "0.5", "--top-k", "2", "--set", "progress=false", "--set", "actors=1"]
+# issue 26: a pinned memory (Mem0 metadata key `pinned`) and two old ones (their own created_at)
+OLD = "2024-01-01T00:00:00+00:00"
+METADATA = {"lol": {"pinned": True, "created_at": OLD}, "Bob is allergic to peanuts.": {"created_at": OLD},
+            "k": {"pinned": False}}
 
 
 def _cli(*args: str):
@@ -86,7 +91,7 @@ def mem0_store(tmp_path_factory, minilm_path) -> tuple[Path, pa.Table]:
     m = _memory(config)
     for user, texts in USERS.items():
         for text in texts:
-            m.add([{"role": "user", "content": text}], user_id=user, infer=False)
+            m.add([{"role": "user", "content": text}], user_id=user, infer=False, metadata=METADATA.get(text))
     rows = [r for u in USERS for r in m.get_all(filters={"user_id": u}, top_k=100)["results"]]
     _close(m)
     export = pa.table({"memory_id": [r["id"] for r in rows], "memory": pa.array([r["memory"] for r in rows], pa.large_string()),
@@ -212,12 +217,45 @@ def test_bad_inputs_are_one_line_and_change_nothing(tmp_path, scorer_dir) -> Non
         "column 'nope' (mapped to text) missing": ["--input", f"table:{store}", "--map", "id=memory_id,text=nope,group=user"],
         "cannot open the Mem0 store": ["--input", f"mem0:{bad_cfg}"],
         "unknown field 'colour'": ["--input", f"table:{store}", "--map", "colour=red"],
+        "column 'starred' (mapped to pin) missing": ["--input", f"table:{store}", "--map",
+                                                     "id=memory_id,text=memory,group=user,pin=starred"],
+        "--pin-field starred: an external store's pins are a column (Mem0: a metadata key) in its map: use --map "
+        "pin=starred": ["--input", f"table:{store}", "--map", "id=memory_id,text=memory,group=user", "--pin-field",
+                        "starred"],
     }
     for expected, args in cases.items():
         res = _cli("prune", "--scorer", str(scorer_dir), "--out", str(tmp_path / "out"), *args, "--apply")
         assert res.exit_code == 2, (expected, res.output)
         assert len(res.output.strip().splitlines()) == 1 and expected in " ".join(res.output.split()), res.output
     assert store.stat().st_size == size and not (tmp_path / "out").exists()
+
+
+def test_bad_store_times_and_pins_are_one_line_naming_store_record_and_column(ray_local, scorer_dir, tmp_path) -> None:
+    """Issue 26 on stores: a time that does not parse (with forgetting/expiry) or a pin that is not true/false is
+    one line naming the store, the record and the column; nothing is written. Mem0's pin key: `Mem0Store` test."""
+    from memprune.stores.base import open_store
+    from memprune.stores.export import check_lives
+
+    store = tmp_path / "mem.csv"
+    store.write_text("id,text,user,created,pinned\n0001,a,u,2024-01-02,true\n0002,b,u,yesterday,false\n")
+    before = store.read_bytes()
+    args = ["prune", "--scorer", str(scorer_dir), "--input", f"table:{store}", "--top-k", "1", "--max-age", "30d",
+            "--set", "progress=false", "--set", "actors=1"]
+    res = _cli(*args, "--out", str(tmp_path / "o"), "--map", "group=user,time=created,pin=pinned")
+    assert res.exit_code == 2, res.output
+    # (the CLI's error is its last line; Ray Data's logger may print to the runner's stream before it)
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == res.output.strip().splitlines()[-1], res.output
+    assert f"table:{store}: column 'created': 'yesterday' (record '0002') is not a time" in errors[0], res.output
+    assert store.read_bytes() == before and not (tmp_path / "o" / "decision.parquet").exists()
+    assert not (tmp_path / "o" / "prune.json").exists()
+    # the same store decides without forgetting/expiry (the time is then only the sort key)
+    store.write_text("id,text,user,created,pinned\n0001,a,u,2024-01-02,true\n0002,b,u,2024-01-03,maybe\n")
+    s = open_store("table", str(store), {"group": "user", "time": "created", "pin": "pinned"})
+    batch = next(iter(s.read()))
+    with pytest.raises(StoreError, match=f"table:{store}: record '0002': column 'pinned' \\(mapped to pin\\) is "
+                                         "'maybe', not true/false"):
+        check_lives(s, batch, check_times=False)
 
 
 def test_normal_form_accepts_every_string_type_and_counts_rejects() -> None:
@@ -230,6 +268,12 @@ def test_normal_form_accepts_every_string_type_and_counts_rejects() -> None:
         normalize(pa.table({"k": ["a"], "t": [1]}), {"id": "k", "text": "t"}, "test")
     assert split_input("lance:/x") == ("lance", "/x") and split_input(str(Path(__file__))) is None
     assert parse_map("id=a, text=b") == {"id": "a", "text": "b"}
+    assert parse_map("pin=starred") == {"pin": "starred"}
+    pins = normalize(pa.table({"k": ["a", "b", "c"], "t": ["x", "y", "z"], "p": [True, None, False]}),
+                     {"id": "k", "text": "t", "pin": "p"}, "test")
+    assert pins.column("pin").to_pylist() == ["true", None, "false"]
+    with pytest.raises(StoreError, match="column 'p' \\(mapped to pin\\) has type double; expected a boolean"):
+        normalize(pa.table({"k": ["a"], "t": ["x"], "p": [0.5]}), {"id": "k", "text": "t", "pin": "p"}, "test")
 
 
 @pytest.mark.slow  # a Ray Data job of 20 s or more
@@ -297,10 +341,16 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
     """`--apply-flag`: each decided record gets memprune_keep/memprune_score; its other fields stay as they were."""
     import lance
 
-    config, _ = mem0_store
+    from memprune.prune import MemoryPruner, PruneRule
+
+    config, export = mem0_store
     lout, _ = decisions["lance"]
     lpath = json.loads((lout / "prune.json").read_text())["store"]["location"]
-    inputs = {"mem0": ["--input", f"mem0:{config}"],
+    # Mem0 with a pin key and forgetting + expiry (issue 26): the decision is MemoryPruner's on the same memories
+    now = (max(dt.datetime.fromisoformat(t) for t in export.column("created_at").to_pylist()) + dt.timedelta(days=1))
+    life = {"half_life": "30d", "max_age": "90d", "now": now.isoformat()}
+    inputs = {"mem0": ["--input", f"mem0:{config}", "--map", "pin=pinned", "--half-life", life["half_life"],
+                       "--max-age", life["max_age"], "--now", life["now"]],
               "lance": ["--input", f"lance:{lpath}", "--map", "group=user_id,time=created_at"]}
     for kind, args in inputs.items():
         before = _points(config) if kind == "mem0" else {r["id"]: r for r in lance.dataset(lpath).to_table().to_pylist()}
@@ -310,6 +360,15 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
             assert res.exit_code == 0, res.output
         decision = {r["id"]: r for r in pq.read_table(out / "decision.parquet").to_pylist()}
         if kind == "mem0":
+            records = sorted(({"bullet_id": i, "text": p["data"], "conversation_id": p["user_id"], "time": p["created_at"],
+                               "pinned": p.get("pinned")} for i, (p, _) in before.items()),
+                             key=lambda r: (r["conversation_id"], r["time"], r["bullet_id"]))
+            rule = PruneRule.of(threshold=0.5, top_k=2, pin_field="pinned", group_by="conversation", retention=life)
+            expected = MemoryPruner(scorer_dir, rule=rule).prune_table(pa.Table.from_pylist(records))
+            assert {r["bullet_id"]: (r["keep"], r["reason"]) for r in expected.to_pylist()} == \
+                {i: (r["keep"], r["reason"]) for i, r in decision.items()}
+            by_text = {r["text"]: r for r in decision.values()}
+            assert by_text["lol"]["keep"] and by_text["Bob is allergic to peanuts."]["reason"] == "expired"
             after = {i: p for i, (p, _) in _points(config).items()}
             assert set(after) == set(before)
             for i, payload in after.items():
@@ -328,23 +387,49 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
 
 @pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_csv_store_apply_and_restore_keep_every_byte(ray_local, scorer_dir, tmp_path) -> None:
-    """The issue's reproduction: ids `0003` and zips `02139` survive apply and restore; mode 0600 is kept."""
+    """The issue's reproduction: ids `0003` and zips `02139` survive apply and restore; mode 0600 is kept.
+    With pins and times mapped (`--map time=created,pin=pinned`) and forgetting + expiry (issue 26) the decision
+    is MemoryPruner's on the same records; apply deletes exactly the dropped ones (never a pinned one)."""
+    from memprune.prune import MemoryPruner, PruneRule
+
     store = tmp_path / "mem.csv"
-    lines = [f"{i:04d},Memory number {i} of {'Alice' if i % 2 else 'Bob'}.,u{i % 20},{2139 + i:05d}\n" for i in range(1, 41)]
-    store.write_text("id,text,user,zip\n" + "".join(lines))
+
+    def created(i: int) -> str:
+        return "" if i == 5 else f"2024-01-{i % 28 + 1:02d}T00:00:00Z"
+
+    pins = {i: "true" if i % 7 == 0 else "" if i % 11 == 0 else "false" for i in range(1, 41)}
+    lines = [f"{i:04d},Memory number {i} of {'Alice' if i % 2 else 'Bob'}.,u{i % 20},{2139 + i:05d},{created(i)},{pins[i]}\n"
+             for i in range(1, 41)]
+    header = "id,text,user,zip,created,pinned\n"
+    store.write_text(header + "".join(lines))
     os.chmod(store, 0o600)
     original = store.read_bytes()
-    args = ["prune", "--input", f"table:{store}", "--map", "group=user", "--scorer", str(scorer_dir), "--out",
-            str(tmp_path / "o"), "--threshold", "0", "--top-k", "1", "--set", "progress=false", "--set", "actors=1"]
+    life = ["--half-life", "10d", "--max-age", "20d", "--now", "2024-01-29T00:00:00Z"]
+    args = ["prune", "--input", f"table:{store}", "--map", "group=user,time=created,pin=pinned", "--scorer", str(scorer_dir),
+            "--out", str(tmp_path / "o"), "--threshold", "0", "--top-k", "1", "--no-dedup", *life, "--set", "progress=false",
+            "--set", "actors=1"]
     res = _cli(*args)
     assert res.exit_code == 0, res.output
-    assert store.read_bytes() == original and "20 groups: kept 1-1 each, 0 left empty" in res.output
+    assert store.read_bytes() == original
+    decision = pq.read_table(tmp_path / "o" / "decision.parquet").sort_by("id")
+    records = sorted(({"bullet_id": f"{i:04d}", "text": f"Memory number {i} of {'Alice' if i % 2 else 'Bob'}.",
+                       "conversation_id": f"u{i % 20}", "time": created(i) or None, "pinned": pins[i] == "true"}
+                      for i in range(1, 41)), key=lambda r: (r["conversation_id"], r["time"] or "", r["bullet_id"]))
+    rule = PruneRule.of(threshold=0, top_k=1, dedup=False, pin_field="pinned", group_by="conversation",
+                        retention={"half_life": "10d", "max_age": "20d", "now": "2024-01-29T00:00:00Z"})
+    expected = MemoryPruner(scorer_dir, rule=rule).prune_table(pa.Table.from_pylist(records)).sort_by("bullet_id")
+    assert decision.column("id").to_pylist() == expected.column("bullet_id").to_pylist()
+    for col in ("keep", "reason"):
+        assert decision.column(col).cast(pa.string()).to_pylist() == expected.column(col).cast(pa.string()).to_pylist()
+    reasons = dict(zip(decision.column("id").to_pylist(), decision.column("reason").to_pylist()))
+    keep = dict(zip(decision.column("id").to_pylist(), decision.column("keep").to_pylist()))
+    assert "expired" in reasons.values() and all(keep[f"{i:04d}"] for i in pins if pins[i] == "true")
+    assert any(keep[f"{i:04d}"] and created(i) and created(i) < "2024-01-09" for i in pins if pins[i] == "true")  # pinned, expired age
     res = _cli(*args, "--apply")
     assert res.exit_code == 0, res.output
-    decision = pq.read_table(tmp_path / "o" / "decision.parquet").to_pylist()
-    kept = {r["id"] for r in decision if r["keep"]}
-    assert len(kept) == 20 and all(len(i) == 4 for i in kept)
-    assert store.read_text() == "id,text,user,zip\n" + "".join(ln for ln in lines if ln[:4] in kept)
+    kept = {i for i, k in keep.items() if k}
+    assert all(len(i) == 4 for i in kept) and 20 < len(kept) < 40
+    assert store.read_text() == header + "".join(ln for ln in lines if ln[:4] in kept)
     assert stat.S_IMODE(store.stat().st_mode) == 0o600
     res = _cli("restore", "--archive", str(tmp_path / "o" / "archive"), "--all")
     assert res.exit_code == 0, res.output

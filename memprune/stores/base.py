@@ -3,7 +3,9 @@
 Every store kind reads its raw records in partitions (`raw_partitions`: callables, each streaming
 Arrow batches, picklable so a Ray Data read task can run one); `normalize` turns a raw batch into
 the normal form every step uses (`NORMAL`): `id`, `text`, `group`, `time` (strings), `hash` (of the
-text: what the apply fingerprint compares) and `reject` (why a row cannot be used, else null).
+text: what the apply fingerprint compares), `reject` (why a row cannot be used, else null) and `pin`
+(with `--map pin=COL`: the column's value as text, `true`/`false`/`1`/`0`, null = not pinned; `pin_flags`
+reads it; the export checks every value before any work).
 Writes go through `fetch` (whole records for the archive), `delete`, `set_fields` and `insert`.
 """
 
@@ -26,7 +28,9 @@ from memprune.stores.config import FIELDS, StoreError
 NORMAL = pa.schema([
     pa.field("id", pa.string()), pa.field("text", pa.string()), pa.field("group", pa.string()),
     pa.field("time", pa.string()), pa.field("hash", pa.string()), pa.field("reject", pa.string()),
+    pa.field("pin", pa.string()),
 ])
+PIN_TRUE, PIN_FALSE = ("true", "1"), ("false", "0", "")  # a pin value's text, lower-cased (null: not pinned)
 KIND_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # what a store kind may be called (`table`, `mem0`, ...)
 STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 Partition = Callable[[], Iterator[pa.RecordBatch]]
@@ -38,12 +42,17 @@ def text_hash(text: str) -> str:
 
 
 def _as_string(col: pa.ChunkedArray | pa.Array, name: str, field: str, where: str, text_only: bool) -> pa.Array:
-    """A column as `string`: string/large_string/string_view as they are; ids and times may also be numbers/dates."""
+    """A column as `string`: string/large_string/string_view as they are; ids and times may also be numbers/dates,
+    a pin a boolean or an integer."""
     t = col.type
     if any(f(t) for f in STRINGS):
         return pc.cast(col, pa.string())
     if pa.types.is_null(t):
         return pa.nulls(len(col), pa.string())
+    if field == "pin":
+        if pa.types.is_boolean(t) or pa.types.is_integer(t):
+            return pc.cast(col, pa.string())
+        raise StoreError(f"{where}: column {name!r} (mapped to pin) has type {t}; expected a boolean column")
     if not text_only and (pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_floating(t)):
         return pc.cast(col, pa.string())
     raise StoreError(f"{where}: column {name!r} (mapped to {field}) has type {t}; expected a string column")
@@ -79,8 +88,23 @@ def normalize(batch: pa.RecordBatch | pa.Table, mapping: dict[str, str], where: 
     hashes = [None if t is None else text_hash(t) for t in texts]
     group = pc.fill_null(cols["group"], "") if "group" in cols else pa.array([""] * n, pa.string())
     time = pc.fill_null(cols["time"], "") if "time" in cols else pa.array([""] * n, pa.string())
-    return pa.table([ids, text, group, time, pa.array(hashes, pa.string()), pa.array(reject, pa.string())],
+    pin = cols["pin"] if "pin" in cols else pa.nulls(n, pa.string())
+    return pa.table([ids, text, group, time, pa.array(hashes, pa.string()), pa.array(reject, pa.string()), pin],
                     schema=NORMAL)
+
+
+def bad_pin(values: pa.Array | pa.ChunkedArray) -> int | None:
+    """The position of the first pin value (normal-form text) that is not true/false/1/0, else None."""
+    lowered = pc.utf8_lower(values)
+    ok = pc.or_kleene(pc.is_null(values), pc.is_in(lowered, pa.array([*PIN_TRUE, *PIN_FALSE], pa.string())))
+    bad = np.flatnonzero(~np.asarray(ok, dtype=bool))
+    return int(bad[0]) if len(bad) else None
+
+
+def pin_flags(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """The pinned flags of normal-form pin values (true/1, any case; null, false, 0 and empty: not pinned)."""
+    flags = pc.fill_null(pc.is_in(pc.utf8_lower(values), pa.array(PIN_TRUE, pa.string())), False)
+    return flags.combine_chunks() if isinstance(flags, pa.ChunkedArray) else flags
 
 
 class Store(ABC):
@@ -89,6 +113,7 @@ class Store(ABC):
     kind: ClassVar[str]
     defaults: ClassVar[dict[str, str]] = {"id": "id", "text": "text", "group": "group", "time": "time"}
     parallel: ClassVar[bool] = True  # partitions may be read by separate Ray tasks
+    schemaless: ClassVar[bool] = False  # records may lack a mapped key (Mem0 metadata): checked after the read
 
     def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
         self.location = location

@@ -14,7 +14,7 @@ from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.prune.config import PruneConfig, ScoringRuntime
 
-FIELDS = ("id", "text", "group", "time")
+FIELDS = ("id", "text", "group", "time", "pin")  # pin: optional, a boolean column / metadata key
 ApplyMode = Literal["none", "delete", "flag"]
 
 
@@ -23,7 +23,7 @@ class StoreError(MemPruneError):
 
 
 def parse_map(text: str | None) -> dict[str, str]:
-    """`id=memory_id,text=memory,group=user_id,time=created_at` as a dict; unknown fields are errors."""
+    """`id=memory_id,text=memory,group=user_id,time=created_at,pin=pinned` as a dict; unknown fields are errors."""
     out: dict[str, str] = {}
     for item in (text or "").split(","):
         if not item.strip():
@@ -42,7 +42,8 @@ class StoreOptions(ConfigModel):
     """How memprune reads an external store and what `--apply` does with the decision."""
 
     map: dict[str, str] = Field(default_factory=dict,
-                                description="field -> store column (id, text, group, time); unset fields take the kind's default")
+                                description="field -> store column (id, text, group, time, pin); unset fields take the kind's "
+                                "default (pin: none; with pin=COL a record whose COL is true is never dropped)")
     apply: ApplyMode = Field("none", description="none: only write the decision; delete: archive then delete dropped "
                              "records; flag: set memprune_keep / memprune_score where the store has metadata")
     batch: int = Field(256, ge=1, description="records per store call when applying (delete, flag, restore)")

@@ -4,9 +4,15 @@
    stores that allow one reader only, like a local Qdrant, stream on the driver) -> Parquet;
 2. one streaming pass on the driver: rejects (counted, with their reasons), duplicate ids, the
    fingerprint (count + order-free sum of per-record hashes of id and text);
-3. Ray Data: usable rows -> bullets columns (`bullet_id`=id, `conversation_id`=group, plus
-   `memprune_time`, `memprune_hash`) -> sort by (group, time, id) -> Parquet for `memprune prune`
-   (up to `sort_in_memory` rows one pyarrow sort on the driver, beyond that the Ray Data sort).
+3. Ray Data: usable rows -> bullets columns (`bullet_id`=id, `conversation_id`=group, `time` (with
+   `check_times`: the store's time in epoch seconds, null when empty: what retention and expiry read), `memprune_pin` (`--map pin=COL` as a boolean:
+   the job's `rule.pin_field`), plus `memprune_time`, `memprune_hash`) -> sort by (group, time, id) ->
+   Parquet for `memprune prune` (up to `sort_in_memory` rows one pyarrow sort on the driver, beyond that
+   the Ray Data sort).
+
+With `check_times` (the rule forgets or expires) every usable record's time must parse as
+`memprune.prune.lifecycle` parses times; a pin value must be true/false/1/0 (or null). Either is one
+`StoreError` naming the store, the record id and the column, raised before the prune job starts.
 
 The sort makes groups contiguous (the prune job then streams) and makes the tie order (earlier
 input position) the same whatever store the records came from.
@@ -14,7 +20,9 @@ input position) the same whatever store the records came from.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -28,13 +36,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from memprune.prune.lifecycle import TIME as BULLET_TIME, LifecycleError, epoch_seconds
 from memprune.schema import BULLETS
-from memprune.stores.base import NORMAL, Store
+from memprune.stores.base import NORMAL, Store, bad_pin, pin_flags
 from memprune.stores.config import StoreError
 
-TIME, HASH = "memprune_time", "memprune_hash"
+TIME, HASH, PIN = "memprune_time", "memprune_hash", "memprune_pin"
 SORT_KEYS = ["conversation_id", TIME, "bullet_id"]
-STAGED = pa.schema([*BULLETS, pa.field(TIME, pa.string()), pa.field(HASH, pa.string())])
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")  # a time given as Unix seconds (a numeric column read as text)
+STAGED = pa.schema([*BULLETS, pa.field(BULLET_TIME, pa.float64()), pa.field(PIN, pa.bool_()),
+                    pa.field(TIME, pa.string()), pa.field(HASH, pa.string())])
 
 
 def record_key(ids: list[str], hashes: list[str | None]) -> int:
@@ -92,17 +103,48 @@ class Export:
     timing: dict[str, float] = field(default_factory=dict)
 
 
-def _to_bullets(batch: pa.Table) -> pa.Table:
-    """Usable normal-form rows as bullets columns (one session per group; no speaker, no evidence)."""
+def store_times(values: pa.Array | pa.ChunkedArray, column: str, ids: list[Any]) -> np.ndarray:
+    """Normal-form times (text) as epoch seconds, NaN unknown (empty); numeric text is Unix seconds; a value that
+    is not a time is a `LifecycleError` naming `column` and the record."""
+    vals = [None if t is None or t == "" else float(t) if NUMBER.fullmatch(t) else t for t in values.to_pylist()]
+    return epoch_seconds(vals, column, ids)
+
+
+def _to_bullets(batch: pa.Table, times: bool = False) -> pa.Table:
+    """Usable normal-form rows as bullets columns (one session per group; no speaker, no evidence); with `times`
+    the store's times as epoch seconds in `time` (checked by `check_lives` first), else `time` is null."""
     batch = batch.filter(pc.is_null(batch.column("reject")))
     n = batch.num_rows
+    time = batch.column("time")
+    own_time = (pa.array(store_times(time, "time", batch.column("id").to_pylist()), pa.float64(), from_pandas=True)
+                if times else pa.nulls(n, pa.float64()))
     return pa.table([batch.column("id"), batch.column("group"), pa.array(np.zeros(n, np.int32)),
                      pa.array([""] * n, pa.string()), batch.column("text"),
-                     pa.array([[] for _ in range(n)], pa.list_(pa.string())), batch.column("time"),
-                     batch.column("hash")], schema=STAGED)
+                     pa.array([[] for _ in range(n)], pa.list_(pa.string())), own_time, pin_flags(batch.column("pin")),
+                     time, batch.column("hash")], schema=STAGED)
 
 
-def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int = 200_000) -> Export:
+def check_lives(store: Store, batch: pa.RecordBatch, check_times: bool) -> int:
+    """Raise a `StoreError` for the first pin value that is not true/false, or (`check_times`) the first usable
+    record's time that is not a time; returns how many records carry a pin value."""
+    usable = batch.filter(pc.is_null(batch.column("reject")))
+    if "pin" in store.fields:
+        pins = usable.column("pin")
+        bad = bad_pin(pins)
+        if bad is not None:
+            raise StoreError(f"{store.where}: record {usable.column('id')[bad].as_py()!r}: column "
+                             f"{store.fields['pin']!r} (mapped to pin) is {pins[bad].as_py()!r}, not true/false; "
+                             "nothing was changed")
+    if check_times:
+        try:
+            store_times(usable.column("time"), store.fields["time"], usable.column("id").to_pylist())
+        except LifecycleError as exc:
+            raise StoreError(f"{store.where}: {exc}; nothing was changed") from None
+    return len(batch) - batch.column("pin").null_count
+
+
+def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int = 200_000,
+           check_times: bool = False) -> Export:
     """Read `store` into `work/bullets/` (sorted bullets layout) with rejects and fingerprint; see the module doc."""
     import ray
 
@@ -125,8 +167,11 @@ def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int =
     count, usable, key, without_id = 0, 0, 0, 0
     rejects: list[dict[str, Any]] = []
     id_hashes: list[np.ndarray] = []
+    pins = 0
     for f in files:
-        for batch in pq.ParquetFile(f).iter_batches(columns=["id", "hash", "reject", "group"], batch_size=65_536):
+        for batch in pq.ParquetFile(f).iter_batches(columns=["id", "hash", "reject", "group", "time", "pin"],
+                                                    batch_size=65_536):
+            pins += check_lives(store, batch, check_times)
             ids, hashes, reject = batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()
             keep = [i is not None and i != "" for i in ids]
             without_id += len(ids) - sum(keep)
@@ -149,15 +194,19 @@ def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int =
                 if i and int(pd.util.hash_array(np.asarray([i], dtype=object))[0]) in dup:
                     raise StoreError(f"{store.where}: duplicate id {i!r} (column {store.fields['id']!r}); "
                                      "every record needs its own id to get one decision")
+    if "pin" in store.fields and store.schemaless and count and not pins:
+        raise StoreError(f"{store.where}: --map pin={store.fields['pin']}: no record has the key "
+                         f"{store.fields['pin']!r}; nothing was changed")
     timing["scan_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     bullets.mkdir()
     if usable and usable <= sort_in_memory:  # small enough: one driver-side sort beats a distributed one
-        table = _to_bullets(pa.concat_tables([pq.read_table(f, schema=NORMAL) for f in files]))
+        table = _to_bullets(pa.concat_tables([pq.read_table(f, schema=NORMAL) for f in files]), check_times)
         pq.write_table(table.sort_by([(k, "ascending") for k in SORT_KEYS]), bullets / "part-00000.parquet")
     elif usable:
         ds = ray.data.read_parquet(str(normal), ray_remote_args={"num_cpus": io_cpus})
-        ds = ds.map_batches(_to_bullets, batch_format="pyarrow", batch_size=None, num_cpus=io_cpus)
+        ds = ds.map_batches(functools.partial(_to_bullets, times=check_times), batch_format="pyarrow", batch_size=None,
+                            num_cpus=io_cpus)
         ds.sort(SORT_KEYS).write_parquet(str(bullets), ray_remote_args={"num_cpus": io_cpus})
         _rename_in_order(bullets)
     else:

@@ -70,6 +70,7 @@ class Mem0Store(Store):
     kind = "mem0"
     defaults = {"id": "id", "text": "data", "group": "user_id", "time": "created_at"}
     parallel = False
+    schemaless = True  # `--map pin=KEY` names a metadata key: the export checks that some memory has it
 
     def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
         super().__init__(location, mapping)

@@ -29,7 +29,7 @@ from memprune.runtime import ensure_ray
 from memprune.stores.apply import apply_decision
 from memprune.stores.base import Store, chunks, open_store, split_input
 from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, StorePruneConfig
-from memprune.stores.export import HASH, TIME, Export, export
+from memprune.stores.export import HASH, PIN, TIME, Export, export
 from memprune.stores.report import render_score, store_section
 
 WORK = ".work"
@@ -44,6 +44,12 @@ def _open(input: str, options: StoreOptions) -> Store:
     return open_store(split[0], split[1], options.map)
 
 
+def job_rule(config: Any, store: Store) -> dict[str, Any]:
+    """The rule the prune job runs on an exported store: groups are the store's, pins its `--map pin=` column."""
+    rule = config.rule.model_dump(mode="json") | {"group_by": "conversation"}
+    return rule | {"pin_field": PIN} if "pin" in store.fields else rule
+
+
 def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | None:
     """Why the decision in OUT is not the one `config` would make (None when it is)."""
     old = summary.get("store", {})
@@ -51,7 +57,7 @@ def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | 
         return f"it was made for store {old.get('kind')}:{old.get('location')} with map {old.get('map')}"
     if summary.get("scorer", {}).get("path") != str(Path(config.scorer).resolve()):
         return f"it was made with scorer {summary.get('scorer', {}).get('path')}"
-    rule, want = summary.get("rule", {}), config.rule.model_dump(mode="json") | {"group_by": "conversation"}
+    rule, want = summary.get("rule", {}), job_rule(config, store)
     changed = sorted(k for k in want if rule.get(k) != want[k])
     if changed:
         return "it was made with another rule (" + ", ".join(f"{k} {rule.get(k)}" for k in changed) + ")"
@@ -65,6 +71,10 @@ def _check_request(config: Any, out: Path) -> None:
     if config.rule.group_by != "conversation" and "group_by" in config.rule.model_fields_set:
         raise StoreError(f"rule.group_by {config.rule.group_by}: an external store's groups are its `--map group=` "
                          "column; leave --group-by unset")
+    if config.rule.pin_field is not None:
+        raise StoreError(f"--pin-field {config.rule.pin_field}: an external store's pins are a column (Mem0: a "
+                         f"metadata key) in its map: use --map pin={config.rule.pin_field} (with your other --map "
+                         "fields); nothing was changed")
     if config.store.apply == "none":
         return
     if "policy" not in config.rule.model_fields_set:  # neither a policy nor one of its settings was given
@@ -113,15 +123,15 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Path,
     prune.check_scorer(config.scorer)
     ensure_ray(config.ray_address)
     work = out / WORK / "store"
-    exp = export(store, work / "export", config.io_cpus)
+    rule = getattr(config, "rule", None)
+    exp = export(store, work / "export", config.io_cpus, check_times=rule is not None and rule.retention.on)
     job = prune.run(config.bullets_config(input=str(exp.bullets), out=str(work / "prune"), **fields))
     return exp, job, prune.read_pruned(work / "prune")
 
 
 def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
-    rule = config.rule.model_dump() | {"group_by": "conversation"}
-    exp, job, pruned = _job(store, config, out, rule=rule)
+    exp, job, pruned = _job(store, config, out, rule=job_rule(config, store))
     cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
             "text": pruned.column("text"), "hash": pruned.column(HASH), "score": pruned.column("score"),
             "keep": pruned.column("keep"), "reason": pruned.column("reason").cast(pa.string()),
