@@ -369,6 +369,7 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
                 {i: (r["keep"], r["reason"]) for i, r in decision.items()}
             by_text = {r["text"]: r for r in decision.values()}
             assert by_text["lol"]["keep"] and by_text["Bob is allergic to peanuts."]["reason"] == "expired"
+            assert "Pins: column `pinned (store)`; 1 pinned" in (out / "prune.md").read_text()
             after = {i: p for i, (p, _) in _points(config).items()}
             assert set(after) == set(before)
             for i, payload in after.items():
@@ -383,6 +384,16 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
                 assert row["memprune_score"] == pytest.approx(decision[i]["score"])
                 assert {k: v for k, v in row.items() if not k.startswith("memprune_")} == \
                     {k: v for k, v in before[i].items() if not k.startswith("memprune_")}
+    # a pin key no memory has: one line naming the store and the key, after the read, before the job
+    from memprune.stores.export import export as export_store
+    from memprune.stores.mem0_store import Mem0Store
+
+    store = Mem0Store(str(config), {"pin": "starred"})
+    try:
+        with pytest.raises(StoreError, match=f"mem0:{config}: --map pin=starred: no record has the key 'starred'"):
+            export_store(store, tmp_path / "no-pin")
+    finally:
+        store.close()
 
 
 @pytest.mark.slow  # a Ray Data job of 20 s or more

@@ -132,6 +132,8 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Path,
 def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
     started = time.perf_counter()
     exp, job, pruned = _job(store, config, out, rule=job_rule(config, store))
+    if job.get("lifecycle") and "pin" in store.fields:  # prune.md/json name the store's pin column, not the staged one
+        job = {**job, "lifecycle": {**job["lifecycle"], "pin_field": f"{store.fields['pin']} (store)"}}
     cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
             "text": pruned.column("text"), "hash": pruned.column(HASH), "score": pruned.column("score"),
             "keep": pruned.column("keep"), "reason": pruned.column("reason").cast(pa.string()),
