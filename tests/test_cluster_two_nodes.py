@@ -21,12 +21,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import upload
-from test_ray_job import free_ports
+from test_ray_job import TINY_TRAIN, free_ports
 
 from memprune.storage import location
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
+WORKER_LABEL = "memprune-test-node=worker"  # the worker node's Ray label: a label_selector puts work there
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -77,6 +78,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
                             stdout=head_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     # the worker node: its own mount namespace, a fresh tmpfs over the tests' files (its session dir and only disk)
     inner = " ".join([f"exec {BIN / 'ray'} start --address=127.0.0.1:{gcs}", f"--temp-dir={private / 'ray'}",
+                      f"--labels={WORKER_LABEL}",
                       *_node_args(ports[6:12], (21000, 21999))])
     worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
                                f"mount -t tmpfs -o size=4g tmpfs {private} && {inner}"],
@@ -224,3 +226,30 @@ def test_local_paths_on_a_filesystem_every_node_mounts_pass_the_check(two_nodes,
         assert not list(shared.rglob(".memprune-probe-*"))  # the probe files are removed
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_pipeline_on_s3_trains_stage2_on_the_node_without_the_drivers_disk(two_nodes, bucket: str, tmp_path: Path):
+    """The README's cluster command with out=s3://: the stage-2 Ray Train worker runs on the worker node (a label
+    selector puts it there), which cannot see the driver's staging dir; every step is committed in the bucket and
+    the summary names the URI, not the staging dir. The driver's temp dir (its staging dir) is on its own disk."""
+    address, _, _ = two_nodes
+    out = f"{bucket}/run"
+    key, value = WORKER_LABEL.split("=")
+    proc = subprocess.run(
+        [sys.executable, "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={out}", "corpus.conversations=6",
+         "corpus.sessions=3", "evaluate.figures=false", "prune.progress=false", *TINY_TRAIN,
+         "train.stages=[vanilla,stage1,stage2]", "train.stage2={epochs: 1, batch_size: 32, patience: 1}",
+         "train.ray.num_workers=1", f"train.ray.label_selector={{{key}: {value}}}"],
+        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000",
+             "TMPDIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert summary["report"] == f"{out}/report/report.md" and "memprune-staging-" not in proc.stdout
+    assert (location(out) / "report" / "report.md").exists()
+    for step in ("data", "label", "train", "report", "prune"):
+        assert summary["steps"][{"report": "evaluate"}.get(step, step)]["dir"] == f"{out}/{step}"
+    for step in ("data", "label", "train", "report", "prune"):  # each committed by its step's output set
+        assert json.loads((location(out) / step / ".memprune.json").read_text())["state"] == "done", step
+    trained = json.loads((location(out) / "train" / "stage2" / "seed0" / "train.json").read_text())
+    assert trained["ray"]["storage"] == f"{out}/train/ray" and trained["epochs_run"] == 1

@@ -72,6 +72,8 @@ class RayTrainSettings(ConfigModel):
     max_failures: int = Field(2, ge=-1)
     num_to_keep: int = Field(2, ge=1, description="checkpoints kept by validation loss (the latest is always kept)")
     storage_path: str | None = Field(None, description="Ray Train storage (shared on clusters); default OUT/ray")
+    label_selector: dict[str, str] | None = Field(
+        None, description="Ray node labels the Ray Train workers must run on, e.g. {ray.io/accelerator-type: H100}")
     poll_interval_s: float = Field(
         0.5, gt=0, description="how often a Ray Train controller polls its workers (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): "
         "each epoch's report waits for the next poll, up to 2 s at Ray's default; shorter polls cost the cluster CPU")

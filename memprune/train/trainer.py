@@ -148,7 +148,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
     if local_mode:
         scaling = ScalingConfig(num_workers=0)
     else:
-        scaling = ScalingConfig(num_workers=workers, use_gpu=gpu,
+        scaling = ScalingConfig(num_workers=workers, use_gpu=gpu, label_selector=cfg.ray.label_selector,
                                 resources_per_worker={"CPU": cfg.ray.cpus_per_worker, **({"GPU": 1} if gpu else {})})
     loop = LoopConfig(
         stage=spec.name, seeds=seeds, scorer=cfg.scorer_config(spec.name, seeds[0]), optim=spec.optim(cfg),
