@@ -132,8 +132,10 @@ def _download(uri: str, local: Path) -> bool:
     return True
 
 
-def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one step from its typed settings and the shared directories; (its summary, its headline)."""
+def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path], remote: str | None
+          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one step from its typed settings and the shared directories (`remote`: the URI `out`, else None);
+    (its summary, its headline)."""
     if step == "data":
         c = cfg.corpus
         if c.format == "synth":
@@ -159,7 +161,10 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[s
         from memprune.train import TrainConfig
         from memprune.train import run as train
 
-        result = train(validate(TrainConfig, {**cfg.train.model_dump(), "data": dirs["data"], "labels": [dirs["label"]],
+        settings = cfg.train.model_dump()
+        if remote and not cfg.train.ray.storage_path:  # Ray Train's workers write where every node reads: <out>/train/ray
+            settings["ray"]["storage_path"] = f"{remote}/{DIRS['train']}/ray"
+        result = train(validate(TrainConfig, {**settings, "data": dirs["data"], "labels": [dirs["label"]],
                                               "out": dirs["train"]}, "pipeline train"))
         return result, {"stages": cfg.train.stages, "seeds": cfg.train.seeds}
     if step == "evaluate":
@@ -168,14 +173,15 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path]) -> tuple[dict[s
 
         result = evaluate(validate(EvalConfig, {**cfg.evaluate.model_dump(), "run": dirs["train"],
                                                 "out": dirs["evaluate"], "data": dirs["data"]}, "pipeline evaluate"))
-        return result, {"report": str(dirs["evaluate"] / "report.md")}
+        return result, {"report": _place(dirs, remote, "evaluate", "report.md")}
     from memprune.prune import PruneConfig
     from memprune.prune import run as prune
 
-    scorer = dirs["train"] / (cfg.prune_scorer or f"{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}")
-    result = prune(validate(PruneConfig, {**cfg.prune.model_dump(), "scorer": str(scorer),
-                                          "input": str(dirs["data"] / "bullets.parquet"), "out": str(dirs["prune"])},
-                            "pipeline prune"))
+    # against the URI itself when `out` is one: its scoring actors read the store and write the pruned set there
+    scorer = _place(dirs, remote, "train", cfg.prune_scorer or f"{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}")
+    result = prune(validate(PruneConfig, {**cfg.prune.model_dump(), "scorer": scorer,
+                                          "input": _place(dirs, remote, "data", "bullets.parquet"),
+                                          "out": _place(dirs, remote, "prune")}, "pipeline prune"))
     headline = {"rows_in": result["input"]["rows"], "rows_out": result["output"]["rows"],
                 "bullet_reduction_pct": result["result"]["bullet_reduction_pct"],
                 "token_reduction_pct": result["result"]["token_reduction_pct"]}
@@ -191,6 +197,11 @@ def _emptied(result: dict[str, Any]) -> dict[str, Any]:
         return {}
     console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
     return {"warning": warning}
+
+
+def _place(dirs: dict[str, Path], remote: str | None, step: str, name: str = "") -> str:
+    """Where a step's output (or its file `name`) lives for the user: under the URI `out`, not the staging dir."""
+    return (f"{remote}/{DIRS[step]}" if remote else str(dirs[step])) + (f"/{name}" if name else "")
 
 
 NEEDS = {"data": (), "label": ("data",), "train": ("data", "label"), "evaluate": ("data", "train"),
@@ -214,12 +225,13 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
             if not dirs[need].exists() and not (remote and _download(f"{remote}/{DIRS[need]}", dirs[need])):
                 raise FileNotFoundError(f"step {need!r} has no output at {dirs[need]}; run it first (steps: {cfg.steps})")
         t0 = time.perf_counter()
-        _, headline = _step(step, cfg, dirs)
-        if remote:
+        _, headline = _step(step, cfg, dirs, remote)
+        if remote and step != "prune":
             _upload(dirs[step], f"{remote}/{DIRS[step]}")
-        summary["steps"][step] = {"seconds": round(time.perf_counter() - t0, 2), "dir": str(dirs[step]), **headline}
+        summary["steps"][step] = {"seconds": round(time.perf_counter() - t0, 2), "dir": _place(dirs, remote, step),
+                                  **headline}
     summary["seconds"] = round(time.perf_counter() - started, 2)
-    summary["report"] = str(dirs["evaluate"] / "report.md")
+    summary["report"] = _place(dirs, remote, "evaluate", "report.md")
     write_json(root / "pipeline.json", json.loads(json.dumps(summary, default=str)))
     if remote:
         _upload(root / "pipeline.json", f"{remote}/pipeline.json")

@@ -13,6 +13,7 @@ and every worker runs the same number of optimizer steps.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import tempfile
@@ -45,7 +46,9 @@ class LoopConfig(ConfigModel):
     scorer: ScorerConfig  # of the first seed; `seed_scorer` gives each seed's
     optim: OptimConfig
     loss: LossConfig
-    init_dirs: dict[str, str] = {}  # seed -> the artifact this stage starts from (stage 2: the seed's stage 1)
+    # seed -> the head this stage starts from (stage 2: the seed's stage-1 head), safetensors bytes in base64: data,
+    # not a path, so a worker on a node without the driver's disk reads it
+    init_heads: dict[str, str] = {}
     embedding_dim: int | None = None
     threads: int = 1
     precision: Precision  # of the encoder's passes (stage 2); the weights stay fp32
@@ -177,7 +180,8 @@ def _setup_seed(lc: LoopConfig, seed: int, resumed: Path | None, device: Any, ra
     assert spec.model is not None, f"{lc.stage} is not a trained stage"
     torch.manual_seed(seed)
     scorer = lc.scorer.model_copy(update={"seed": seed})
-    model = spec.model(scorer, seed, lc.embedding_dim, lc.init_dirs.get(str(seed)), lc.precision, device)
+    init = lc.init_heads.get(str(seed))
+    model = spec.model(scorer, seed, lc.embedding_dim, base64.b64decode(init) if init else None, lc.precision, device)
     # on `device` before the optimizer and its restored state
     if not lc.train_head and hasattr(model.module, "head"):
         model.module.head.requires_grad_(False)

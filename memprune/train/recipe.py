@@ -47,8 +47,9 @@ def _prepare(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Pat
         table, counts = prepare_data(cfg, ledger, assignment)
     ensure_ray(cfg.ray.address)
     if any(STAGE_SPECS[s].trained and STAGE_SPECS[s].workers(cfg) for s in cfg.stages):
-        # Ray Train workers read the stage-1 artifacts and write checkpoints under --out: every node must see it
-        check_paths_visible({"--out": cfg.out, "train.ray.storage_path": storage_path(cfg)})
+        # Ray Train workers write their checkpoints to its storage (default OUT/ray): every node must see it
+        check_paths_visible({"train.ray.storage_path": storage_path(cfg)} if cfg.ray.storage_path else
+                            {"--out": cfg.out})
     check_resources(_requests(cfg))
     write_table(table.group_by(["conversation_id", "split"]).aggregate([]).sort_by("conversation_id"),
                 outputs.path("splits.parquet"))
@@ -105,8 +106,13 @@ def _run_seed_chains(cfg: TrainConfig, inputs: Inputs, chain: list[str]) -> list
                 _print(summary)
                 runs.append(summary)
         return runs
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     cpus = cfg.ray.cpus_per_worker if cfg.ray.num_workers == 0 else 0
-    task = ray.remote(num_cpus=cpus, max_retries=0)(_run_chain)
+    # on the driver's node: a chain writes its artifacts under --out, which other nodes may not see (a local-mode
+    # chain needs CPUs, which the driver's node may lack: there only preferred)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=cpus > 0)
+    task = ray.remote(num_cpus=cpus, max_retries=0, scheduling_strategy=here)(_run_chain)
     inputs_ref = ray.put(inputs)
     pending, running, runs = list(cfg.seeds), {}, []
     while pending or running:

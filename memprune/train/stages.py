@@ -26,7 +26,7 @@ TRAIN_FORMAT = 1
 class HeadModel:
     """Stage 1: the regression head alone, on the frozen encoder's cached embeddings (always fp32: it is tiny)."""
 
-    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None,
+    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_head: bytes | None,
                  precision: Precision, device: Any) -> None:
         from memprune.scorer import build_head
 
@@ -52,19 +52,19 @@ class HeadModel:
 class LoraModel:
     """Stage 2: the encoder with fresh LoRA adapters and the stage-1 head of the same seed, trained together."""
 
-    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_dir: str | None,
+    def __init__(self, scorer: ScorerConfig, seed: int, embedding_dim: int | None, init_head: bytes | None,
                  precision: Precision, device: Any) -> None:
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
         from memprune.scorer import Scorer
 
-        if init_dir is None:
-            raise TrainError("stage2 needs the stage-1 artifact of the same seed (init_dir)")
+        if init_head is None:
+            raise TrainError("stage2 needs the stage-1 head of the same seed (init_head)")
         if scorer.lora is None:
             raise TrainError("stage2 needs LoRA settings")
         # autocast of the encoder's forward and backward passes at `precision`, resolved on `device`
         model = Scorer.build(scorer.model_copy(update={"lora": None}), seed=seed, device=device, precision=precision)
-        model.head.load_state_dict(load_file(str(Path(init_dir) / "head.safetensors")))
+        model.head.load_state_dict(load(init_head))
         model.add_lora(scorer.lora, seed=seed)
         model.to(device)  # the new adapters too
         model.freeze_encoder()

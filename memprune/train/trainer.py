@@ -8,6 +8,7 @@ fingerprint (data, settings, seed) is reused on a rerun instead of being trained
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import time
@@ -129,7 +130,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
 
     from memprune.train import checkpoint
 
-    init_dirs: dict[str, str] = {}
+    init_heads: dict[str, str] = {}
     if spec.init_from is not None:
         for seed in seeds:
             init_dir = artifact_dir(cfg.out, spec.init_from, seed)
@@ -139,7 +140,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
                     f"{spec.name} seed {seed} starts from the {spec.init_from} artifact of the same seed, but {init_dir} "
                     f"holds no finished {spec.init_from} run for these data and settings: include {spec.init_from} "
                     "in --stages")
-            init_dirs[str(seed)] = str(init_dir)
+            init_heads[str(seed)] = base64.b64encode((init_dir / "head.safetensors").read_bytes()).decode("ascii")
     storage = storage_path(cfg)
     name = f"{spec.name}-seed{'-'.join(map(str, seeds))}-{digest(sorted(fps.values()))[:12]}"
     workers = spec.workers(cfg)
@@ -152,7 +153,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
                                 resources_per_worker={"CPU": cfg.ray.cpus_per_worker, **({"GPU": 1} if gpu else {})})
     loop = LoopConfig(
         stage=spec.name, seeds=seeds, scorer=cfg.scorer_config(spec.name, seeds[0]), optim=spec.optim(cfg),
-        loss=cfg.loss, init_dirs=init_dirs, embedding_dim=inputs.embedding_dim, threads=spec.threads(cfg),
+        loss=cfg.loss, init_heads=init_heads, embedding_dim=inputs.embedding_dim, threads=spec.threads(cfg),
         precision=spec.precision(cfg),
         local_mode=local_mode, local_checkpoint_dir=str(cfg.out / "ray" / name / "local"), fault=cfg.fault,
         train_head=bool(getattr(spec.optim(cfg), "train_head", True)),
