@@ -4,7 +4,8 @@
 - `use_gpu` / `torch_device`: one rule for "auto" (a GPU when the cluster or machine has one).
 - `plan_actors`: the size and per-actor requests of an encoder actor pool.
 - `check_resources`: a request that a fixed-size cluster can never place is an error up front.
-- `user_error`: the memprune error behind a failed Ray task or actor, as one line.
+- `user_error`: the memprune error behind a failed Ray task or actor, as one line; `worker_error`: any other
+  failure in a worker (a Ray Train worker group's) as one line naming its cause, the traceback in a log file.
 - `configure_output`: quiet by default: dependency warnings and Ray's INFO chatter go to a log file.
 - `run_job`: the shared body of every `jobs/<stage>.py`: config + overrides -> `run(cfg)` -> JSON.
 """
@@ -273,8 +274,8 @@ def user_error(exc: BaseException) -> MemPruneError | None:
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        cause = getattr(e, "cause", None)  # a Ray wrapper: what it wraps (itself possibly a wrapper)
-        if isinstance(cause, BaseException):
+        cause = _wrapped(e)  # a Ray wrapper: what it wraps (itself possibly a wrapper)
+        if cause is not None:
             e = cause
             continue
         if isinstance(e, MemPruneError):
@@ -283,6 +284,36 @@ def user_error(exc: BaseException) -> MemPruneError | None:
     names = _memprune_error_names()
     found = [m for m in _ERROR_LINE.findall(str(exc)) if m[0] in names]
     return MemPruneError(found[-1][1].strip()) if found else None
+
+
+def _wrapped(e: BaseException) -> BaseException | None:
+    """What a Ray wrapper wraps: a RayTaskError's cause, the first worker failure of a Ray Train worker group
+    (WorkerGroupError), the exception a Ray Train worker raised (its wrapper keeps it as `_base_exc`); else None."""
+    for inner in (getattr(e, "cause", None), *(getattr(e, "worker_failures", None) or {}).values(),
+                  getattr(e, "_base_exc", None)):
+        if isinstance(inner, BaseException):
+            return inner
+    return None
+
+
+class WorkerError(MemPruneError):
+    """A Ray worker failed with an error that is not a memprune one: its cause in one line, the traceback logged."""
+
+
+def worker_error(exc: BaseException, what: str, command: str) -> MemPruneError:
+    """The one line for a failure Ray reports from its workers (a RayTaskError, Ray Train's WorkerGroupError):
+    the memprune error behind it, else `what` and the innermost cause's type and first line, with the whole
+    traceback (every worker's) in a log file."""
+    found = user_error(exc)
+    if found is not None:
+        return found
+    seen: set[int] = set()
+    cause = exc
+    while id(cause) not in seen and (inner := _wrapped(cause) or cause.__cause__) is not None:
+        seen.add(id(cause))
+        cause = inner
+    first = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), "")
+    return WorkerError(f"{what}: {type(cause).__name__}: {first} (details: {log_exception(exc, command)})")
 
 
 def _memprune_error_names() -> set[str]:

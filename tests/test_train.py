@@ -373,3 +373,23 @@ def test_stage2_learns_under_real_ray_train_workers(local_run: Path, corpus: tup
     adapter = load_file(str(out / "stage2" / "seed0" / "adapter" / "adapter_model.safetensors"))
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
     assert lora_b and all(float(v.abs().max()) > 0 for v in lora_b)
+
+
+@pytest.mark.slow
+def test_a_ray_train_worker_failure_is_one_line_naming_its_cause(local_run: Path, corpus: tuple[Path, Path],
+                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage-2 worker that cannot read the stage-1 head it is sent fails as one line naming the cause (not
+    Ray Train's WorkerGroupError with every worker's traceback); the traceback is in the log file."""
+    from memprune.runtime import WorkerError
+
+    monkeypatch.setenv("MEMPRUNE_LOG_DIR", str(tmp_path / "logs"))
+    out = tmp_path / "broken"
+    for part in ("cache", "stage1"):
+        shutil.copytree(local_run / part, out / part)
+    (out / "stage1" / "seed0" / "head.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(WorkerError) as failed:
+        run_training(_config(*corpus, out, stages=["stage2"], ray={"num_workers": 1, "max_failures": 0}))
+    line = str(failed.value)
+    assert "\n" not in line and line.startswith("stage2 seeds [0]: a Ray Train worker failed: SafetensorError: ")
+    log = Path(line.rsplit("(details: ", 1)[1].rstrip(")"))
+    assert "Traceback" in log.read_text() and "WorkerGroupError" not in line

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.io import write_json, write_table
-from memprune.runtime import use_gpu
+from memprune.runtime import use_gpu, worker_error
 from memprune.scorer import head_input_dim, save_artifact
 from memprune.timing import now
 from memprune.train.calibrate import calibrate_predictions, ensure_calibration
@@ -125,7 +125,7 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
     """One TorchTrainer for a trained stage and `seeds` (trained in turn): per seed (best weights, loop state),
     and the Ray facts for train.json. `callbacks`: extra Ray Train callbacks (`memprune tune` forwards epochs)."""
     import torch
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
 
     from memprune.train import checkpoint
@@ -180,6 +180,8 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
     os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(cfg.ray.poll_interval_s)
     try:
         result = trainer.fit()
+    except TrainingFailedError as exc:  # a worker's failure (on any node): one line, its traceback in the log
+        raise worker_error(exc, f"{spec.name} seeds {seeds}: a Ray Train worker failed", "train") from exc
     finally:
         torch.set_num_threads(threads)  # local mode trains in this process
     if result.checkpoint is None:
