@@ -3,9 +3,10 @@
 `jobs/pipeline.py` and `memprune quickstart` call `run`. Each step writes under its own
 directory of `out` and is resumable on its own, so a rerun after a crash redoes only what is
 unfinished. `out` may be a local directory or a URI that pyarrow understands
-(`s3://bucket/prefix`, `gs://...`, `file:///...`): steps then run in a local staging
-directory and each finished step's directory is uploaded, so every node and later job sees
-the same tables. The pruning rule is set once (`rule:`) and used by both the evaluation's
+(`s3://bucket/prefix`, `gs://...`, `file:///...`): data, label and train then run in a local
+staging directory and each finished step's directory is uploaded (Ray Train's workers use
+`<out>/train/ray`), evaluate and prune write their output sets to the URI themselves, so
+every node and later job sees the same tables. The pruning rule is set once (`rule:`) and used by both the evaluation's
 pruning tables and the prune step.
 """
 
@@ -172,12 +173,12 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path], remote: str | N
         from memprune.evaluate import run as evaluate
 
         result = evaluate(validate(EvalConfig, {**cfg.evaluate.model_dump(), "run": dirs["train"],
-                                                "out": dirs["evaluate"], "data": dirs["data"]}, "pipeline evaluate"))
+                                                "out": _place(dirs, remote, "evaluate"), "data": dirs["data"]},
+                                   "pipeline evaluate"))
         return result, {"report": _place(dirs, remote, "evaluate", "report.md")}
     from memprune.prune import PruneConfig
     from memprune.prune import run as prune
 
-    # against the URI itself when `out` is one: its scoring actors read the store and write the pruned set there
     scorer = _place(dirs, remote, "train", cfg.prune_scorer or f"{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}")
     result = prune(validate(PruneConfig, {**cfg.prune.model_dump(), "scorer": scorer,
                                           "input": _place(dirs, remote, "data", "bullets.parquet"),
@@ -204,6 +205,7 @@ def _place(dirs: dict[str, Path], remote: str | None, step: str, name: str = "")
     return (f"{remote}/{DIRS[step]}" if remote else str(dirs[step])) + (f"/{name}" if name else "")
 
 
+DIRECT = ("evaluate", "prune")  # with a URI `out` these write there themselves (the others: staged, then uploaded)
 NEEDS = {"data": (), "label": ("data",), "train": ("data", "label"), "evaluate": ("data", "train"),
          "prune": ("data", "train")}
 
@@ -226,7 +228,7 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
                 raise FileNotFoundError(f"step {need!r} has no output at {dirs[need]}; run it first (steps: {cfg.steps})")
         t0 = time.perf_counter()
         _, headline = _step(step, cfg, dirs, remote)
-        if remote and step != "prune":
+        if remote and step not in DIRECT:
             _upload(dirs[step], f"{remote}/{DIRS[step]}")
         summary["steps"][step] = {"seconds": round(time.perf_counter() - t0, 2), "dir": _place(dirs, remote, step),
                                   **headline}
@@ -260,10 +262,11 @@ def quickstart_config(out: str, data: str | None = None, overrides: list[str] | 
 
 
 def headline(report_dir: str | Path) -> str:
-    """The report's main tables (test split, mean ± std over seeds) as Markdown."""
+    """The report's main tables (test split, mean ± std over seeds) as Markdown; `report_dir` may be a URI."""
     from memprune.evaluate.report import quality_tables
+    from memprune.storage import location
 
-    metrics = json.loads((Path(report_dir) / "metrics.json").read_text())
+    metrics = json.loads((location(report_dir) / "metrics.json").read_text())
     split = metrics["splits"].get("test") or next(iter(metrics["splits"].values()))
     return "\n".join(quality_tables(split, metrics["config"]["baseline"], metrics["config"]["ks"]))
 

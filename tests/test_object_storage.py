@@ -239,3 +239,19 @@ def test_credentials_the_server_refuses_are_one_line_with_the_fix_and_nothing_is
         assert code != "0" and uri in message and "credentials come from the standard environment" in message, line
         assert "Traceback" not in message
     assert not local_out.exists()
+
+
+def test_evaluate_commits_its_outputs_on_object_storage_as_it_does_locally(bucket: str, tmp_path: Path):
+    """`evaluate --out s3://...`: the object-storage output set (marker `done`), the same metrics as a local out."""
+    from test_evaluate import synthetic_run
+
+    from memprune.evaluate import evaluate_run
+
+    synthetic_run(tmp_path / "run", seeds=(0,), n_conv=4)
+    local = evaluate_run(tmp_path / "run", tmp_path / "out", figures=False)
+    remote = evaluate_run(tmp_path / "run", f"{bucket}/report", figures=False)
+    assert remote["outputs"]["report"] == f"{bucket}/report/report.md"
+    root = location(f"{bucket}/report")
+    assert json.loads((root / ".memprune.json").read_text())["state"] == "done"
+    assert set(root.files()) == {p.name for p in (tmp_path / "out").iterdir()}
+    assert json.loads((root / "metrics.json").read_text())["splits"] == local["splits"]

@@ -287,7 +287,7 @@ def tune(
 @app.command()
 def evaluate(
     run_dir: Optional[Path] = typer.Option(None, "--run", help="Run directory with <stage>/seed<k>/predictions.parquet."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for metrics.json, report.md and figures."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or storage URI (s3://...) for metrics.json, report.md and figures."),
     data: Optional[Path] = typer.Option(None, "--data", help="Corpus dir (`memprune ingest`): token counts, QA retention."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Token unit: encoder (default), whitespace, or a tokenizer.json."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Pruning threshold of the main pruning table [default: 0.5]."),
@@ -402,7 +402,7 @@ def quickstart(
     with user_errors("quickstart"):
         summary = run(quickstart_config(str(out), data, set_))
     console.rule("[bold]memprune quickstart: done")
-    console.print(Markdown(headline(Path(summary["report"]).parent)))
+    console.print(Markdown(headline(summary["report"].rsplit("/", 1)[0])))
     console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)
 
 

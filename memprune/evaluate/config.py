@@ -87,5 +87,5 @@ class EvalConfig(EvalSettings):
     """Config of `memprune evaluate` (`jobs/evaluate.py`); every field is recorded in metrics.json."""
 
     run: Path = Field(description="run directory with <stage>/seed<k>/predictions.parquet (or fold<i>/...)")
-    out: Path = Field(description="output directory: metrics.json, report.md, figures")
+    out: str = Field(description="output directory or storage URI (s3://...): metrics.json, report.md, figures")
     data: Path | None = Field(None, description="corpus directory: token counts and, with a qa table, QA retention")

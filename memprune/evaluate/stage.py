@@ -37,7 +37,7 @@ from memprune.evaluate.significance import (
 )
 from memprune.evaluate.worth import KEY as WORTH_KEY
 from memprune.evaluate.worth import run_labels, stage2_worth, training_seconds
-from memprune.io import JsonlSink, OutputSet, check_out, jsonable, write_json, write_table
+from memprune.io import JsonlSink, OutputSet, check_out_location, jsonable, write_json, write_table
 from memprune.prune.rule import group_codes, rank_within_groups
 from memprune.rejects import Ledger
 from memprune.tokens import check_unit
@@ -252,7 +252,7 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
         layout: dict[str, dict[int, Any]] = {}
     else:
         layout = discover_run(run_dir)
-    check_out(out_dir, "evaluate")
+    check_out_location(out_dir, "evaluate")
     check_unit(cfg.tokenizer)
     with OutputSet(out_dir, "evaluate") as outputs:
 
@@ -317,12 +317,8 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
         clean = jsonable(result)
         write_json(outputs.path("metrics.json"), clean)
         write_report(clean, outputs.staging, figures=cfg.figures)
-    clean["outputs"] = {
-        "metrics": str(out_dir / "metrics.json"),
-        "report": str(out_dir / "report.md"),
-        "session_metrics": str(out_dir / "session_metrics.parquet"),
-        "rejects": str(out_dir / "rejects.jsonl"),
-    }
+    clean["outputs"] = {name.split(".")[0]: outputs.final(name) for name in
+                        ("metrics.json", "report.md", "session_metrics.parquet", "rejects.jsonl")}
     return clean
 
 
@@ -332,4 +328,4 @@ def evaluate_run(run_dir: str | Path, out_dir: str | Path, data_dir: str | Path 
     from memprune.config import validate
 
     base = settings.model_dump() if settings is not None else {}
-    return run(validate(EvalConfig, {**base, **fields, "run": run_dir, "out": out_dir, "data": data_dir}, "evaluate"))
+    return run(validate(EvalConfig, {**base, **fields, "run": run_dir, "out": str(out_dir), "data": data_dir}, "evaluate"))
