@@ -6,8 +6,8 @@ unfinished. `out` may be a local directory or a URI that pyarrow understands
 (`s3://bucket/prefix`, `gs://...`, `file:///...`): data, label and train then run in a local
 staging directory and each finished step's directory is uploaded (Ray Train's workers use
 `<out>/train/ray`), evaluate and prune write their output sets to the URI themselves, so
-every node and later job sees the same tables. The pruning rule is set once (`rule:`) and used by both the evaluation's
-pruning tables and the prune step.
+every node and later job sees the same tables. The pruning rule is set once (`rule:`) and
+used by both the evaluation's pruning tables and the prune step.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path], remote: str | N
         from memprune.train import run as train
 
         settings = cfg.train.model_dump()
-        if remote and not cfg.train.ray.storage_path:  # Ray Train's workers write where every node reads: <out>/train/ray
+        if remote and not cfg.train.ray.storage_path:  # Ray Train's workers write where every node reads
             settings["ray"]["storage_path"] = f"{remote}/{DIRS['train']}/ray"
         result = train(validate(TrainConfig, {**settings, "data": dirs["data"], "labels": [dirs["label"]],
                                               "out": dirs["train"]}, "pipeline train"))

@@ -5,7 +5,8 @@ mounted over pytest's base temporary directory: it cannot see any of the test's 
 as a second machine cannot, and that tmpfs is its only disk (its Ray session dir and memprune's cache go
 there). The software's install stays visible, as a machine image would. The prune job then runs from a driver on the head: with local
 paths it stops before any work with the one line that names the path and the node; with every input and output
-on S3 it runs on both nodes and commits its outputs in the bucket.
+on S3 it runs on both nodes and commits its outputs in the bucket. The pipeline with `out=s3://` trains stage 2 on
+the worker node (its Ray label), which cannot see the driver's staging dir, and commits every step in the bucket.
 """
 
 from __future__ import annotations

@@ -376,8 +376,8 @@ def test_stage2_learns_under_real_ray_train_workers(local_run: Path, corpus: tup
 
 
 @pytest.mark.slow
-def test_a_ray_train_worker_failure_is_one_line_naming_its_cause(local_run: Path, corpus: tuple[Path, Path],
-                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_ray_train_worker_failure_is_one_line_naming_its_cause(
+        local_run: Path, corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage-2 worker that cannot read the stage-1 head it is sent fails as one line naming the cause (not
     Ray Train's WorkerGroupError with every worker's traceback); the traceback is in the log file."""
     from memprune.runtime import WorkerError

@@ -328,4 +328,5 @@ def evaluate_run(run_dir: str | Path, out_dir: str | Path, data_dir: str | Path 
     from memprune.config import validate
 
     base = settings.model_dump() if settings is not None else {}
-    return run(validate(EvalConfig, {**base, **fields, "run": run_dir, "out": str(out_dir), "data": data_dir}, "evaluate"))
+    return run(validate(EvalConfig, {**base, **fields, "run": run_dir, "out": str(out_dir), "data": data_dir},
+                        "evaluate"))
