@@ -233,7 +233,7 @@ def test_pipeline_on_s3_trains_stage2_on_the_node_without_the_drivers_disk(two_n
     """The README's cluster command with out=s3://: the stage-2 Ray Train worker runs on the worker node (a label
     selector puts it there), which cannot see the driver's staging dir; every step is committed in the bucket and
     the summary names the URI, not the staging dir. The driver's temp dir (its staging dir) is on its own disk."""
-    address, _, _ = two_nodes
+    address, worker, private = two_nodes
     out = f"{bucket}/run"
     key, value = WORKER_LABEL.split("=")
     proc = subprocess.run(
@@ -254,3 +254,5 @@ def test_pipeline_on_s3_trains_stage2_on_the_node_without_the_drivers_disk(two_n
         assert json.loads((location(out) / step / ".memprune.json").read_text())["state"] == "done", step
     trained = json.loads((location(out) / "train" / "stage2" / "seed0" / "train.json").read_text())
     assert trained["ray"]["storage"] == f"{out}/train/ray" and trained["epochs_run"] == 1
+    logs = list(Path(f"/proc/{worker.pid}/root{private}/ray").glob("session_*/logs/worker-*.out"))  # the node's
+    assert any(b":actor_name:RayTrainWorker" in f.read_bytes() for f in logs), len(logs)  # Ray names each actor there
