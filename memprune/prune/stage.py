@@ -116,7 +116,7 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
     from memprune.prune.job import Lives
 
     rule = config.rule
-    if rule.pin_field is None and not rule.retention.on:
+    if rule.pin_field is None and not rule.retention.on and not rule.supersede.on:
         return None, None
     if rule.pin_field is not None:
         if rule.pin_field not in schema.names:
@@ -127,7 +127,14 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
             raise PruneError(f"--pin-field {rule.pin_field}: column {rule.pin_field!r} has type {got}, expected bool "
                              f"({files[0].path})")
     info: dict[str, Any] = {"pin_field": rule.pin_field}
-    if not rule.retention.on:
+    if rule.supersede.on:
+        missing = [c for c in (*rule.supersede.keys, rule.supersede.subject) if c not in schema.names]
+        if missing:
+            raise PruneError(f"--supersede: the store has no column {missing[0]!r} for the supersession "
+                             f"{'subject' if missing[0] == rule.supersede.subject else 'scope'} "
+                             f"({files[0].path}; columns: {', '.join(schema.names)})")
+        info["supersede"] = rule.supersede.model_dump(mode="json")
+    if not rule.retention.on and not rule.supersede.on:
         return Lives(), info
     try:
         for name in (TIME, SESSION_TIME):  # parse once here, so that a bad time is one line before any work
@@ -220,7 +227,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
                                     DataContext.get_current().target_max_block_size or 2**27)
         # At least ~4 blocks per actor, so that no actor idles while another finishes the last big block.
         block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (4 * res.actors))))
-    plan = plan_store(files, rule.keys, block_rows, config.grouping, config.limit_rows)
+    plan = plan_store(files, rule.unit_keys, block_rows, config.grouping, config.limit_rows)
     if scores_used["note"]:  # after every input check, so that a bad input stays one error line
         console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False, soft_wrap=True)
     console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "
