@@ -336,6 +336,7 @@ def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_expir
     assert summary["rule"]["retention"]["now"] == "2024-01-20T00:00:00+00:00"
     md = (out / "prune.md").read_text()
     assert "Pins: column `pinned`" in md and "expiry after 5w" in md and "| expired |" in md
+    assert "Supersession: judge `slot` within each conversation, same `speaker`" in md and "| superseded |" in md
 
 
 def test_dry_run_preview_shows_the_effective_score(tmp_path):

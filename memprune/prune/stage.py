@@ -184,12 +184,13 @@ def corpus_session_times(files: list[Any]) -> dict[tuple[Any, Any], float] | Non
 
 def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
     """preview.jsonl: one line per bullet of the sampled groups (group, bullet, score (and with forgetting the
-    effective score), kept or why it goes)."""
+    effective score), kept or why it goes, and with supersession what superseded it)."""
     rows = [] if preview is None else preview.to_pylist()
     return write_jsonl(path, ({"group": {k: r[k] for k in keys}, "bullet_id": r["bullet_id"], "text": r["text"],
                                "score": r["score"], "kept": r["keep"], "reason": r["reason"],
                                "duplicate_of": r["duplicate_of"],
-                               **({"effective_score": r["effective_score"]} if "effective_score" in r else {})}
+                               **({"effective_score": r["effective_score"]} if "effective_score" in r else {}),
+                               **({"superseded_by": r["superseded_by"]} if "superseded_by" in r else {})}
                               for r in rows))
 
 
