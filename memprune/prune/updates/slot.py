@@ -10,19 +10,22 @@ with the all-MiniLM-L6-v2 encoder, and its precision and recall are reported by 
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 import numpy as np
 
-from memprune.prune.updates import Pairs, UpdateJudgeEntry, register
+from memprune.prune.updates.registry import Pairs, UpdateJudgeEntry, register
 
 # fitted by `bench/lifecycle_bench.py --fit` (see the module docstring); order of `features`
 COEF = np.array([3.3214, 8.3876, 1.2427, 0.6069, -0.3502, -0.2633])
 INTERCEPT = -5.2171
+_WORD = re.compile(r"\w+")
 
 
 def _words(text: str) -> list[str]:
-    from memprune.prune.policy import normalize_text
-
-    return normalize_text(text).split()
+    """The words of `policy.normalize_text` (NFKC, case-folded, punctuation dropped)."""
+    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
