@@ -32,7 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-LOWS = [0.3, 0.4, 0.5, 0.6]
+LOWS = [0.4, 0.5, 0.6, 0.7, 0.8]
 
 
 def corpus(conversations: int, updates: float, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -312,7 +312,8 @@ def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_expir
                                      "superseded_by"]
     sessions = pq.read_table(corpus / "sessions.parquet")
     rule = PruneRule.of(threshold=0.2, top_k=2, pin_field="pinned",
-                        retention={"half_life": "14d", "recall_boost": 2, "max_age": "P5W", "now": "2024-01-20T00:00:00Z"},
+                        retention={"half_life": "14d", "recall_boost": 2, "max_age": "P5W",
+                                   "now": "2024-01-20T00:00:00Z"},
                         supersede={"judge": "slot"})
     expected = MemoryPruner(scorer_dir, rule=rule, usage_log=corpus / "usage.jsonl",
                             session_times=session_times_of(sessions)).prune_table(

@@ -68,7 +68,8 @@ def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_b
 
     class Embed:  # cosine 0.78 between any two texts: every same-subject pair is a candidate
         def embed(self, texts, batch_size=64):
-            return np.ones((len(texts), 4), dtype=np.float32) + 1.5 * np.eye(4, dtype=np.float32)[["abcd".index(t) for t in texts]]
+            own = np.eye(4, dtype=np.float32)[["abcd".index(t) for t in texts]]
+            return np.ones((len(texts), 4), dtype=np.float32) + 1.5 * own
 
         def score_embeddings(self, emb):
             return np.full(len(emb), 0.5)

@@ -75,8 +75,9 @@ def synth(
                                                  help="Chance a known fact is restated in an intermediate session [default: 0.35]."),
     duplicates: Optional[float] = typer.Option(None, "--duplicates", help="Share of bullets given a verbatim or "
                                                "paraphrased duplicate in their session, with ground truth [default: 0]."),
-    updates: Optional[float] = typer.Option(None, "--updates", help="Share of persona facts that get a new value in a "
-                                            "later session (same speaker and slot), ground truth update_of [default: 0]."),
+    updates: Optional[float] = typer.Option(None, "--updates", help="Share of persona facts that get a new value in "
+                                            "a later session (same speaker and slot), ground truth update_of "
+                                            "[default: 0]."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
 ) -> None:

@@ -220,8 +220,10 @@ class ScoreActor(EncoderActor):
 
 def _decide(groups: list[Any], scores: np.ndarray, tokens: np.ndarray, settings: list[PruneRule],
             order: np.ndarray | None, texts: list[str], emb: np.ndarray | None, block: pa.Table,
-            lives: Lives | None, encode: Callable[[list[str]], np.ndarray] | None = None) -> tuple[dict[str, Any], Decision]:
-    """Counters and the written setting's decision of a block of whole groups (and scopes); user errors as `PruneError`."""
+            lives: Lives | None, encode: Callable[[list[str]], np.ndarray] | None = None,
+            ) -> tuple[dict[str, Any], Decision]:
+    """Counters and the written setting's decision of a block of whole groups (and scopes); user errors as
+    `PruneError`."""
     try:
         life = (lives or Lives()).of(block, settings[0])
         return block_stats(groups, scores, tokens, settings, order=order, texts=texts, embeddings=emb, life=life,

@@ -371,9 +371,9 @@ def life_of(columns: Mapping[str, Any], n: int, pin_field: str | None, retention
         if pin_field not in columns:
             raise LifecycleError(f"pin field {pin_field!r}: no such column (columns: {', '.join(columns)})")
         pinned = pin_mask(columns[pin_field], pin_field, ids)
-    own = epoch_seconds(columns[TIME], TIME, ids) if TIME in columns and (retention.on or sup) else None
-    session = epoch_seconds(columns[SESSION_TIME], SESSION_TIME, ids) if SESSION_TIME in columns and (retention.on or sup) \
-        else None
+    timed = retention.on or sup
+    own = epoch_seconds(columns[TIME], TIME, ids) if TIME in columns and timed else None
+    session = epoch_seconds(columns[SESSION_TIME], SESSION_TIME, ids) if SESSION_TIME in columns and timed else None
     if session is None and session_times and "conversation_id" in columns and "session_index" in columns:
         keys = zip(_values(columns["conversation_id"]), _values(columns["session_index"]))
         session = np.fromiter((session_times.get(k, np.nan) for k in keys), dtype=np.float64, count=n)
@@ -405,13 +405,15 @@ def life_of_table(table: pa.Table, pin_field: str | None, retention: Retention, 
 
 
 def life_of_mappings(bullets: Sequence[Any], pin_field: str | None, retention: Retention, usage: Usage | None = None,
-                     session_times: Mapping[tuple[Any, Any], float] | None = None, supersede: Any = None) -> Life | None:
+                     session_times: Mapping[tuple[Any, Any], float] | None = None,
+                     supersede: Any = None) -> Life | None:
     """`life_of` bullets given as strings or mappings (a key a mapping lacks is null: not pinned, time unknown; with
     supersession a missing scope key is one scope, a missing subject no subject)."""
     sup = supersede is not None and supersede.on
     wanted = ("bullet_id", "conversation_id", "session_index", pin_field, TIME, SESSION_TIME,
               *((*supersede.keys, supersede.subject) if sup else ()))
-    names = [k for k in dict.fromkeys(wanted) if k is not None and any(isinstance(b, Mapping) and k in b for b in bullets)]
+    names = [k for k in dict.fromkeys(wanted)
+             if k is not None and any(isinstance(b, Mapping) and k in b for b in bullets)]
     columns = {k: [b.get(k) if isinstance(b, Mapping) else None for b in bullets] for k in names}
     for k in (pin_field, *((*supersede.keys, supersede.subject) if sup else ())):
         if k is not None and k not in columns:

@@ -52,8 +52,10 @@ DUPLICATE, EXPIRED, BELOW_FLOOR = "duplicate", "expired", "below_floor"
 
 
 def reasons() -> tuple[str, ...]:
-    """Every reason a bullet can go for: duplicates, supersession, expiry, the floor, then each registered policy's own."""
-    return tuple(dict.fromkeys((DUPLICATE, SUPERSEDED, EXPIRED, BELOW_FLOOR, *(r for p in POLICIES.values() for r in p.reasons))))
+    """Every reason a bullet can go for: duplicates, supersession, expiry, the floor, then each registered
+    policy's own."""
+    own = (r for p in POLICIES.values() for r in p.reasons)
+    return tuple(dict.fromkeys((DUPLICATE, SUPERSEDED, EXPIRED, BELOW_FLOOR, *own)))
 
 
 REASONS = reasons()  # the built-in policies' (a policy registered later adds its own to `reasons()`)
@@ -228,7 +230,8 @@ def apply_policy(
     protected = None
     if pinned.any():
         # what the decision would have said of each pinned bullet, were it not pinned (same clusters)
-        protected = pinned & ~apply_policy(s, codes, rule, tokens, duplicate_of, order, st.unpinned(), superseded_by).keep
+        unpinned = apply_policy(s, codes, rule, tokens, duplicate_of, order, st.unpinned(), superseded_by)
+        protected = pinned & ~unpinned.keep
         keep = keep | pinned
         reason[pinned] = None
     dup_kept = dup & ~pinned

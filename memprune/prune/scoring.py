@@ -133,7 +133,8 @@ def with_outputs(table: pa.Table, scores: np.ndarray, decision: Decision) -> pa.
     table = table.drop_columns(drop) if drop else table
 
     def id_of(index: np.ndarray) -> pa.Array:
-        got = pc.take(ids, pa.array(np.where(index >= 0, index, 0), pa.int64())) if len(index) else pa.array([], pa.string())
+        got = (pc.take(ids, pa.array(np.where(index >= 0, index, 0), pa.int64())) if len(index)
+               else pa.array([], pa.string()))
         return pc.if_else(pa.array(index >= 0, pa.bool_()), got, pa.scalar(None, pa.string())).cast(pa.string())
 
     table = table.append_column("score", pa.array(scores, pa.float64()))

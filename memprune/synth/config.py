@@ -24,8 +24,9 @@ class SynthSettings(ConfigModel):
     stray_prob: float = Field(0.0, description="share of persona facts stated once and never again")
     duplicates: float = Field(0.0, description="share of bullets that get a duplicate (verbatim or paraphrased) in "
                                                "their session, with ground truth (dup_source, dup_kind)")
-    updates: float = Field(0.0, description="share of persona facts stated twice or more that change value from a later "
-                                            "mention on (same speaker and slot, a new key), with ground truth update_of")
+    updates: float = Field(0.0, description="share of persona facts stated twice or more that change value from a "
+                                            "later mention on (same speaker and slot, a new key), with ground truth "
+                                            "update_of")
 
     @field_validator("conversations")
     @classmethod

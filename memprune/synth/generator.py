@@ -230,8 +230,8 @@ def _plan_updates(facts: list[_Fact], share: float, rng: random.Random, used: se
     for fact in facts:
         if len(fact.mentions) < 2 or rng.random() >= share:
             continue
-        keys = [k for k in (NAMES_FOR[fact.slots["rel"]] if fact.category == "relation" else DURABLE[fact.category].keys)
-                if k not in used]
+        pool = NAMES_FOR[fact.slots["rel"]] if fact.category == "relation" else DURABLE[fact.category].keys
+        keys = [k for k in pool if k not in used]
         if not keys:
             continue
         key = rng.choice(keys)

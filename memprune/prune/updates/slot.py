@@ -45,7 +45,8 @@ def features(pairs: Pairs) -> np.ndarray:
     for a, b in zip(pairs.a, pairs.b):
         wa, wb = _words(a), _words(b)
         sa, sb = set(wa), set(wb)
-        res.append(([w for w in wa if w not in sb], [w for w in wb if w not in sa], len(sa & sb) / max(len(sa | sb), 1)))
+        jaccard = len(sa & sb) / max(len(sa | sb), 1)
+        res.append(([w for w in wa if w not in sb], [w for w in wb if w not in sa], jaccard))
     spans = sorted({" ".join(r) or "-" for ra, rb, _ in res for r in (ra, rb)})
     words = sorted({w for ra, rb, _ in res for w in (*ra, *rb)})
     emb = dict(zip(spans + words, _unit(pairs.encode(spans + words))))
