@@ -127,3 +127,17 @@ def test_synth_updates_ground_truth(tmp_path):
     assert None not in sessions.column("time").to_pylist()
     generate(tmp_path / "plain", conversations=6, sessions=4, seed=2)  # no updates: the corpus as before
     assert "update_of" not in pq.read_table(tmp_path / "plain" / "bullets.parquet").column_names
+
+
+def test_a_missing_subject_column_is_one_line_before_any_work(scorer_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from memprune.cli import app
+    from memprune.synth import generate
+
+    generate(tmp_path / "c", conversations=1, sessions=2, seed=1)
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["prune", "--scorer", str(scorer_dir), "--input", str(tmp_path / "c"), "--out",
+                                      str(out), "--supersede", "slot", "--supersede-subject", "author"])
+    assert result.exit_code == 2 and "no column 'author' for the supersession subject" in result.output
+    assert not out.exists() or not any(out.iterdir())
