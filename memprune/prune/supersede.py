@@ -103,16 +103,19 @@ def candidates(
     for idx in np.split(order, np.flatnonzero(np.diff(part[order])) + 1):
         if len(idx) < 2:
             continue
-        sim = emb[idx] @ emb[idx].T
-        i, j = np.nonzero(np.triu((sim >= lo) & (sim < hi), 1))
-        s = sim[i, j]
-        i, j = idx[i], idx[j]
-        d = later(time, session, i, j)
-        a, b = np.where(d > 0, i, j), np.where(d > 0, j, i)
-        keep = (d != 0) & free[a]
-        ai.append(a[keep])
-        bi.append(b[keep])
-        cos.append(s[keep])
+        for first in range(0, len(idx), 1024):  # row chunks bound the memory of a large scope (a store's user)
+            sim = emb[idx[first:first + 1024]] @ emb[idx].T
+            r, j = np.nonzero((sim >= lo) & (sim < hi))
+            upper = first + r < j
+            r, j = r[upper], j[upper]
+            s = sim[r, j]
+            i, j = idx[first + r], idx[j]
+            d = later(time, session, i, j)
+            a, b = np.where(d > 0, i, j), np.where(d > 0, j, i)
+            keep = (d != 0) & free[a]
+            ai.append(a[keep])
+            bi.append(b[keep])
+            cos.append(s[keep])
     return np.concatenate(ai), np.concatenate(bi), np.concatenate(cos)
 
 
