@@ -4,7 +4,7 @@ A prune that drops records (`memprune prune --emit split` on a bullets store, `-
 external store) first writes every dropped record whole into an archive directory:
 
 - `archive.parquet`: the records as the store gave them (every column, vectors included where the
-  store has them) plus `memprune_score`, `memprune_reason` and `memprune_duplicate_of`;
+  store has them) plus `memprune_score`, `memprune_reason`, `memprune_duplicate_of` and (prune archives) `memprune_superseded_by`;
 - `archive.jsonl`: the same rows as JSON lines, for people and grep;
 - `archive.json`: the manifest: format, the prune run's fingerprint, row count, the id column, and
   `store`, a JSON description of the store the records came from (its `kind` picks the restorer).
@@ -32,7 +32,9 @@ from memprune.io import OutputSet, check_committed, jsonable, write_json
 
 ARCHIVE_FORMAT = 1
 SCORE, REASON, DUPLICATE_OF = "memprune_score", "memprune_reason", "memprune_duplicate_of"
-DECISION_COLUMNS = (SCORE, REASON, DUPLICATE_OF)
+SUPERSEDED_BY = "memprune_superseded_by"  # the bullet that superseded a record (reason superseded), else null
+DECISION_COLUMNS = (SCORE, REASON, DUPLICATE_OF, SUPERSEDED_BY)  # what restore drops
+REQUIRED_COLUMNS = (SCORE, REASON, DUPLICATE_OF)  # what every archive has (superseded_by: since supersession)
 
 
 class ArchiveError(MemPruneError):
@@ -59,7 +61,7 @@ class Archive:
 def write_archive(directory: str | Path, records: pa.Table, *, id_column: str, store: dict[str, Any],
                   fingerprint: str) -> Path:
     """Write `records` (with the decision columns) as an archive into `directory`, committed as one set."""
-    missing = [c for c in (id_column, *DECISION_COLUMNS) if c not in records.column_names]
+    missing = [c for c in (id_column, *REQUIRED_COLUMNS) if c not in records.column_names]
     if missing:
         raise ArchiveError(f"{directory}: archive records lack column {missing[0]!r}")
     if "kind" not in store:

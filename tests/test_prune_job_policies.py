@@ -16,11 +16,11 @@ from memprune.prune import MemoryPruner, PruneConfig, PruneRule, read_pruned, ru
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory) -> Path:
-    """A synthetic corpus with injected verbatim and paraphrased duplicates."""
+    """A synthetic corpus with injected verbatim and paraphrased duplicates and fact updates."""
     from memprune.synth import generate
 
     out = tmp_path_factory.mktemp("synth-dup")
-    generate(conversations=5, sessions=3, out=out, seed=2, duplicates=0.3)
+    generate(conversations=5, sessions=3, out=out, seed=2, duplicates=0.3, updates=0.5)
     return out
 
 
@@ -30,8 +30,8 @@ def corpus(corpus_dir) -> pa.Table:
 
 
 def _decisions(table: pa.Table) -> dict[str, tuple]:
-    return {b: (k, r, d) for b, k, r, d in zip(*(table.column(c).to_pylist()
-                                                 for c in ("bullet_id", "keep", "reason", "duplicate_of")))}
+    cols = ("bullet_id", "keep", "reason", "duplicate_of", "superseded_by")
+    return {b: tuple(rest) for b, *rest in zip(*(table.column(c).to_pylist() for c in cols if c in table.column_names))}
 
 
 def _same_as_memory_pruner(scorer_dir: Path, rule: PruneRule, corpus: pa.Table, got: dict[str, tuple]) -> None:
@@ -64,12 +64,15 @@ def test_fraction_shuffle_split_then_restore_gives_back_the_input(ray_local, sco
     out = tmp_path / "out"
     res = CliRunner().invoke(app, ["prune", "--scorer", str(scorer_dir), "--input", str(corpus_dir), "--out", str(out),
                                    "--fraction", "0.5", "--floor", "0.3", "--emit", "split", "--group-by", "speaker",
+                                   "--supersede", "slot", "--set", "grouping=shuffle",
                                    "--set", "block_rows=24", "--set", "progress=false", "--set", "actors=1"])
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "prune.json").read_text())
-    rule = PruneRule.of(policy="fraction", fraction=0.5, floor=0.3, group_by="speaker")
+    rule = PruneRule.of(policy="fraction", fraction=0.5, floor=0.3, group_by="speaker", supersede={"judge": "slot"})
     assert summary["rule"]["policy"] == "fraction" and summary["rule"]["name"] == rule.name
-    assert summary["grouping"]["mode"] == "shuffle"  # the embeddings travel through the sort to the decision
+    # the embeddings travel through the sort to the decision; the sort keeps each conversation (the supersession
+    # scope: without the forced shuffle it streams, since conversations are contiguous) in one block
+    assert summary["grouping"]["mode"] == "shuffle"
     assert "warning:" not in res.output  # fraction keeps at least one bullet of every speaker above the floor
     pruned = read_pruned(out)
     _same_as_memory_pruner(scorer_dir, rule, corpus, _decisions(pruned))
@@ -81,7 +84,10 @@ def test_fraction_shuffle_split_then_restore_gives_back_the_input(ray_local, sco
     archive = json.loads((out / "dropped" / "archive.json").read_text())
     assert archive["rows"] == int((~keep).sum()) and archive["fingerprint"] == summary["fingerprint"]
     dropped = pq.read_table(out / "dropped" / "archive.parquet")
-    assert set(dropped.column("memprune_reason").to_pylist()) <= {"duplicate", "below_floor", "over_top_k"}
+    reasons = dropped.column("memprune_reason").to_pylist()
+    assert set(reasons) <= {"duplicate", "superseded", "below_floor", "over_top_k"} and "superseded" in reasons
+    by = dropped.column("memprune_superseded_by").to_pylist()
+    assert all((b is not None) == (r == "superseded") for b, r in zip(by, reasons))  # restore gives them back too
     # restore some, then the rest: the kept store becomes the input again, in input order
     ids = dropped.column("bullet_id").to_pylist()
     (tmp_path / "ids.txt").write_text("\n".join(ids[:3]) + "\n")

@@ -275,11 +275,12 @@ def test_apply_policy_without_standing_is_unchanged():
 
 @pytest.fixture(scope="module")
 def lifecycle_corpus(tmp_path_factory) -> Path:
-    """A synthetic corpus whose bullets carry a `pinned` column (every 4th), with session times, and a usage log."""
+    """A synthetic corpus with fact updates whose bullets carry a `pinned` column (every 4th), with session times,
+    and a usage log."""
     from memprune.synth import generate
 
     out = tmp_path_factory.mktemp("lifecycle")
-    generate(conversations=4, sessions=3, out=out, seed=3)
+    generate(conversations=4, sessions=3, out=out, seed=3, updates=0.6)
     bullets = pq.read_table(out / "bullets.parquet")
     pinned = pa.array([i % 4 == 1 for i in range(bullets.num_rows)], pa.bool_())
     pq.write_table(bullets.append_column("pinned", pinned), out / "bullets.parquet")
@@ -291,7 +292,7 @@ def lifecycle_corpus(tmp_path_factory) -> Path:
     return out
 
 
-def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_and_expiry(
+def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_expiry_and_supersession(
         ray_local, scorer_dir, lifecycle_corpus, tmp_path):
     from typer.testing import CliRunner
 
@@ -302,20 +303,25 @@ def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_and_e
     result = CliRunner().invoke(app, [
         "prune", "--scorer", str(scorer_dir), "--input", str(corpus), "--out", str(out), "--threshold", "0.2",
         "--top-k", "2", "--pin-field", "pinned", "--half-life", "14d", "--recall-boost", "2", "--max-age", "P5W",
-        "--now", "2024-01-20T00:00:00Z", "--usage-log", str(corpus / "usage.jsonl"),
+        "--now", "2024-01-20T00:00:00Z", "--usage-log", str(corpus / "usage.jsonl"), "--supersede", "slot",
         "--set", "block_rows=16", "--set", "progress=false", "--set", "actors=2"])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "prune.json").read_text())
     got = read_pruned(out)
-    assert got.column_names[-6:] == ["score", "effective_score", "retention", "keep", "reason", "duplicate_of"]
+    assert got.column_names[-7:] == ["score", "effective_score", "retention", "keep", "reason", "duplicate_of",
+                                     "superseded_by"]
     sessions = pq.read_table(corpus / "sessions.parquet")
     rule = PruneRule.of(threshold=0.2, top_k=2, pin_field="pinned",
-                        retention={"half_life": "14d", "recall_boost": 2, "max_age": "P5W", "now": "2024-01-20T00:00:00Z"})
+                        retention={"half_life": "14d", "recall_boost": 2, "max_age": "P5W",
+                                   "now": "2024-01-20T00:00:00Z"},
+                        supersede={"judge": "slot"})
     expected = MemoryPruner(scorer_dir, rule=rule, usage_log=corpus / "usage.jsonl",
                             session_times=session_times_of(sessions)).prune_table(
         pq.read_table(corpus / "bullets.parquet"))
-    cols = ["bullet_id", "keep", "reason", "duplicate_of"]
+    cols = ["bullet_id", "keep", "reason", "duplicate_of", "superseded_by"]
     assert got.select(cols).to_pylist() == expected.select(cols).to_pylist()
+    superseded = [r for r in got.to_pylist() if r["reason"] == "superseded"]
+    assert superseded and not any(r["pinned"] for r in superseded)
     np.testing.assert_allclose(got["effective_score"].to_numpy(), expected["effective_score"].to_numpy(), atol=1e-5)
     np.testing.assert_allclose(got["retention"].to_numpy(), expected["retention"].to_numpy(), rtol=1e-12)
     reasons = got["reason"].to_pylist()
@@ -323,6 +329,7 @@ def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_and_e
     assert all(k for k, p in zip(got["keep"].to_pylist(), pinned) if p)  # every pin survives
     r = summary["result"]
     assert r["dropped_by_reason"]["expired"] == reasons.count("expired") > 0
+    assert r["dropped_by_reason"]["superseded"] == len(superseded)
     assert r["pinned"] == sum(pinned) and 0 < r["kept_by_pin"] <= sum(pinned)
     life = summary["lifecycle"]
     assert life["now"] == "2024-01-20T00:00:00+00:00" and life["now_given"] and life["half_life"] == "2w"
@@ -330,6 +337,7 @@ def test_ray_job_and_memory_pruner_decide_identically_with_pins_forgetting_and_e
     assert summary["rule"]["retention"]["now"] == "2024-01-20T00:00:00+00:00"
     md = (out / "prune.md").read_text()
     assert "Pins: column `pinned`" in md and "expiry after 5w" in md and "| expired |" in md
+    assert "Supersession: judge `slot` within each conversation, same `speaker`" in md and "| superseded |" in md
 
 
 def test_dry_run_preview_shows_the_effective_score(tmp_path):

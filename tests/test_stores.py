@@ -350,7 +350,7 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
     now = (max(dt.datetime.fromisoformat(t) for t in export.column("created_at").to_pylist()) + dt.timedelta(days=1))
     life = {"half_life": "30d", "max_age": "90d", "now": now.isoformat()}
     inputs = {"mem0": ["--input", f"mem0:{config}", "--map", "pin=pinned", "--half-life", life["half_life"],
-                       "--max-age", life["max_age"], "--now", life["now"]],
+                       "--max-age", life["max_age"], "--now", life["now"], "--supersede", "slot"],
               "lance": ["--input", f"lance:{lpath}", "--map", "group=user_id,time=created_at"]}
     for kind, args in inputs.items():
         before = _points(config) if kind == "mem0" else {r["id"]: r for r in lance.dataset(lpath).to_table().to_pylist()}
@@ -361,12 +361,14 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
         decision = {r["id"]: r for r in pq.read_table(out / "decision.parquet").to_pylist()}
         if kind == "mem0":
             records = sorted(({"bullet_id": i, "text": p["data"], "conversation_id": p["user_id"], "time": p["created_at"],
-                               "pinned": p.get("pinned")} for i, (p, _) in before.items()),
+                               "pinned": p.get("pinned"), "speaker": ""} for i, (p, _) in before.items()),
                              key=lambda r: (r["conversation_id"], r["time"], r["bullet_id"]))
-            rule = PruneRule.of(threshold=0.5, top_k=2, pin_field="pinned", group_by="conversation", retention=life)
+            # supersession (issue 26): the user is the scope and (no speaker in a store) the subject
+            rule = PruneRule.of(threshold=0.5, top_k=2, pin_field="pinned", group_by="conversation", retention=life,
+                                supersede={"judge": "slot"})
             expected = MemoryPruner(scorer_dir, rule=rule).prune_table(pa.Table.from_pylist(records))
-            assert {r["bullet_id"]: (r["keep"], r["reason"]) for r in expected.to_pylist()} == \
-                {i: (r["keep"], r["reason"]) for i, r in decision.items()}
+            assert {r["bullet_id"]: (r["keep"], r["reason"], r["superseded_by"]) for r in expected.to_pylist()} == \
+                {i: (r["keep"], r["reason"], r["superseded_by"]) for i, r in decision.items()}
             by_text = {r["text"]: r for r in decision.values()}
             assert by_text["lol"]["keep"] and by_text["Bob is allergic to peanuts."]["reason"] == "expired"
             assert "Pins: column `pinned (store)`; 1 pinned" in (out / "prune.md").read_text()

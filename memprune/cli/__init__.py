@@ -75,6 +75,9 @@ def synth(
                                                  help="Chance a known fact is restated in an intermediate session [default: 0.35]."),
     duplicates: Optional[float] = typer.Option(None, "--duplicates", help="Share of bullets given a verbatim or "
                                                "paraphrased duplicate in their session, with ground truth [default: 0]."),
+    updates: Optional[float] = typer.Option(None, "--updates", help="Share of persona facts that get a new value in "
+                                            "a later session (same speaker and slot), ground truth update_of "
+                                            "[default: 0]."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
 ) -> None:
@@ -84,7 +87,7 @@ def synth(
     _, summary = run_stage(SynthConfig, run, config, set_, {
         "conversations": conversations, "sessions": sessions, "out": out, "seed": seed, "facts_per_speaker": facts,
         "oneoffs_per_session": oneoffs, "mention_prob": mention_prob, "duplicates": duplicates,
-        "progress": sys.stderr.isatty()})
+        "updates": updates, "progress": sys.stderr.isatty()})
     console.print(json.dumps(summary["counts"]), highlight=False)
 
 

@@ -51,6 +51,15 @@ def prune(
                                       "run's start, recorded in prune.json]."),
     usage_log: Optional[str] = typer.Option(None, "--usage-log", help="Usage log (the `usage` label source's format): "
                                             "recalls and last access per bullet."),
+    supersede: Optional[str] = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the "
+                                            "same subject that the update JUDGE (slot) says updates an earlier one "
+                                            "drops it (reason superseded, column superseded_by)."),
+    supersede_scope: Optional[str] = typer.Option(None, "--supersede-scope", help="conversation (a store's user) or "
+                                                  "session [default: conversation]."),
+    supersede_subject: Optional[str] = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about "
+                                                    "[default: speaker]."),
+    supersede_band: Optional[str] = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, "
+                                                 "below the dedup threshold [default: 0.5:dedup threshold]."),
     map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
     apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records of the "
                                                       "decision in --out (decide without --apply first; name the policy)."),
@@ -71,6 +80,7 @@ def prune(
               "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
     values |= _store_values(map_, "flag" if apply_flag else "delete" if apply else None)
     values |= _lifecycle_values(pin_field, half_life, recall_boost, max_age, now, usage_log)
+    values |= _supersede_values(supersede, supersede_scope, supersede_subject, supersede_band)
     cfg, summary = run_stage(StorePruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
     console.print(f"{'would keep' if cfg.dry_run else 'kept'} {r['bullets_after']:.2f} of {r['bullets_before']:.2f} "
@@ -152,6 +162,22 @@ def _lifecycle_values(pin_field: Optional[str], half_life: Optional[str], recall
             "rule.retention.now": now, "usage_log": usage_log}
 
 
+def _supersede_values(judge: Optional[str], scope: Optional[str], subject: Optional[str],
+                      band: Optional[str]) -> dict[str, Any]:
+    """The supersession options as config values; a band that is not LOW:HIGH is one error line."""
+    low = high = None
+    if band is not None:
+        try:
+            lo, _, hi = band.partition(":")
+            low, high = float(lo), (float(hi) if hi else None)
+        except ValueError:
+            fail(f"--supersede-band: {band!r} is not LOW:HIGH (cosines, e.g. 0.5:0.85)")
+    if judge is None and any(v is not None for v in (scope, subject, band)):
+        fail("--supersede-scope/--supersede-subject/--supersede-band need --supersede JUDGE (e.g. slot)")
+    return {"rule.supersede.judge": judge, "rule.supersede.scope": scope, "rule.supersede.subject": subject,
+            "rule.supersede.low": low, "rule.supersede.high": high}
+
+
 def _store_values(map_: Optional[str], apply: Optional[str]) -> dict[str, Any]:
     """`--map` and `--apply` as config values (a bad --map is one error line)."""
     from memprune.stores.config import StoreError, parse_map
@@ -170,6 +196,15 @@ def score(
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory."),
     input: Optional[str] = typer.Option(None, "--input", "-i", help="KIND:LOCATION (table:, lance:, mem0:) or a bullets Parquet path."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: scores.parquet, score.json, score.md."),
+    supersede: Optional[str] = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the "
+                                            "same subject that the update JUDGE (slot) says updates an earlier one "
+                                            "drops it (reason superseded, column superseded_by)."),
+    supersede_scope: Optional[str] = typer.Option(None, "--supersede-scope", help="conversation (a store's user) or "
+                                                  "session [default: conversation]."),
+    supersede_subject: Optional[str] = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about "
+                                                    "[default: speaker]."),
+    supersede_band: Optional[str] = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, "
+                                                 "below the dedup threshold [default: 0.5:dedup threshold]."),
     map_: Optional[str] = typer.Option(None, "--map", help="Store columns: id=COL,text=COL,group=COL,time=COL."),
     write: Optional[bool] = typer.Option(None, "--write/--no-write", help="Write memprune_score into the store [default: write]."),
     config: Optional[Path] = CONFIG,

@@ -16,6 +16,7 @@ from memprune.errors import MemPruneError
 from memprune.precision import Precision, precision_field
 from memprune.prune.lifecycle import Retention
 from memprune.prune.policies import Policy, RulePolicy, owner_of, policy_of
+from memprune.prune.supersede import Supersede
 
 GroupBy = Literal["session", "conversation", "speaker"]
 # The default near-duplicate cosine: chosen by bench/dedup_bench.py on `memprune synth --duplicates 0.2`.
@@ -60,6 +61,16 @@ class PruneRule(ConfigModel):
                                               "the policy and min-keep; null = no pins")
     retention: Retention = Field(default_factory=Retention,
                                  description="forgetting (half_life, recall_boost) and expiry (max_age), measured at now")
+    supersede: Supersede = Field(default_factory=Supersede,
+                                 description="supersession of outdated facts (judge, scope, subject, band low..high)")
+
+    @model_validator(mode="after")
+    def _band_below_dedup(self) -> "PruneRule":
+        lo, hi = self.supersede.band(self.dedup_threshold)
+        if self.supersede.on and (hi > self.dedup_threshold or lo >= hi):
+            raise ValueError(f"supersede band [{lo:g}, {hi:g}) must be non-empty and lie below the duplicate "
+                             f"threshold {self.dedup_threshold:g}")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -119,6 +130,8 @@ class PruneRule(ConfigModel):
         extras.append(f"duplicates merged at cosine {self.dedup_threshold:g}" if self.dedup else "no duplicate merging")
         if self.retention.on:
             extras.append(self.retention.describe())
+        if self.supersede.on:
+            extras.append(self.supersede.describe(self.dedup_threshold))
         if self.pin_field is not None:
             extras.append(f"bullets with {self.pin_field} = true pinned (never dropped)")
         return f"{self.policy.describe(unit)}; {'; '.join(extras)}"
@@ -127,6 +140,19 @@ class PruneRule(ConfigModel):
     def keys(self) -> tuple[str, ...]:
         """The columns whose values form a group."""
         return GROUP_KEYS[self.group_by]
+
+    @property
+    def unit_keys(self) -> tuple[str, ...]:
+        """The columns of what one decision must see whole: the group, and with supersession also its scope
+        (their common prefix, e.g. the conversation for sessions and a conversation scope)."""
+        if not self.supersede.on:
+            return self.keys
+        common = []
+        for a, b in zip(self.keys, self.supersede.keys):
+            if a != b:
+                break
+            common.append(a)
+        return tuple(common)
 
     def at(self, now: Any) -> "PruneRule":
         """This rule with its retention's `now` fixed (when unset and retention is on)."""

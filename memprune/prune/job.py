@@ -167,7 +167,7 @@ class Lives:
     session_times: dict[tuple[Any, Any], float] | None = None
 
     def of(self, block: pa.Table, rule: PruneRule) -> Life | None:
-        return life_of_table(block, rule.pin_field, rule.retention, self.usage, self.session_times)
+        return life_of_table(block, rule.pin_field, rule.retention, self.usage, self.session_times, rule.supersede)
 
 
 class ScoreActor(EncoderActor):
@@ -193,8 +193,8 @@ class ScoreActor(EncoderActor):
         s = self.s
         started, t0 = now(), time.perf_counter()
         texts = block.column("text").to_pylist()
-        dedup = s.settings[0].dedup
-        scores, emb = score_and_embed(self.scorer, texts, s.batch_size, s.sort_by_length, embed=dedup)
+        embed = s.settings[0].dedup or s.settings[0].supersede.on
+        scores, emb = score_and_embed(self.scorer, texts, s.batch_size, s.sort_by_length, embed=embed)
         check_scores(scores, block.column("bullet_id").to_pylist(), "prune")
         if s.calibrated:
             scores = self.scorer.calibrate(scores)
@@ -209,7 +209,8 @@ class ScoreActor(EncoderActor):
                 block = block.append_column(EMB, pa.FixedSizeListArray.from_arrays(emb.reshape(-1), emb.shape[1]))
             return block
         groups = group_keys_of(block, s.keys)
-        stats, decision = _decide(groups, scores, tokens, s.settings, None, texts, emb, block, s.lives)
+        stats, decision = _decide(groups, scores, tokens, s.settings, None, texts, emb, block, s.lives,
+                                  lambda t: self.scorer.embed(t, batch_size=s.batch_size))
         out = with_outputs(block, scores, decision)
         times["decide_s"] = time.perf_counter() - t2
         ray.get(s.tally.add_time.remote(times, (started, now())))
@@ -219,11 +220,14 @@ class ScoreActor(EncoderActor):
 
 def _decide(groups: list[Any], scores: np.ndarray, tokens: np.ndarray, settings: list[PruneRule],
             order: np.ndarray | None, texts: list[str], emb: np.ndarray | None, block: pa.Table,
-            lives: Lives | None) -> tuple[dict[str, Any], Decision]:
-    """Counters and the written setting's decision of a block of whole groups; user errors as `PruneError`."""
+            lives: Lives | None, encode: Callable[[list[str]], np.ndarray] | None = None,
+            ) -> tuple[dict[str, Any], Decision]:
+    """Counters and the written setting's decision of a block of whole groups (and scopes); user errors as
+    `PruneError`."""
     try:
         life = (lives or Lives()).of(block, settings[0])
-        return block_stats(groups, scores, tokens, settings, order=order, texts=texts, embeddings=emb, life=life)
+        return block_stats(groups, scores, tokens, settings, order=order, texts=texts, embeddings=emb, life=life,
+                           encode=encode)
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
 
@@ -234,17 +238,34 @@ def _unify(groups: list[Any], scores: np.ndarray, texts: list[str], emb: np.ndar
     return unify_equal_texts(scores, group_codes(groups), texts, emb, order)
 
 
+_ENCODERS: dict[str, Any] = {}  # the shuffle path's decide tasks: the scorer, loaded once per worker process
+
+
+def _encoder(scorer_path: str) -> Callable[[list[str]], np.ndarray]:
+    """The scorer's encoder for an update judge that needs one (shuffle path: loaded on first use, on the CPU)."""
+    def encode(texts: list[str]) -> np.ndarray:
+        if scorer_path not in _ENCODERS:
+            from memprune.scorer import Scorer
+
+            _ENCODERS[scorer_path] = Scorer.load(scorer_path, device="cpu")
+        return _ENCODERS[scorer_path].embed(texts)
+    return encode
+
+
 def decide_sorted_block(
     block: pa.Table, keys: list[str], settings: list[PruneRule], tally: Any, lives: Lives | None = None,
+    scorer: str | None = None,
 ) -> pa.Table:
-    """Shuffle path: a block of whole groups after the sort; order rows by (group, input position) and decide."""
+    """Shuffle path: a block of whole groups (whole scopes) after the sort; order rows by (group, input position)
+    and decide. `scorer`: the artifact whose encoder an update judge may need."""
     import ray
 
     if block.num_rows == 0:
         empty = np.zeros(0, dtype=np.int64)
         forgets = np.zeros(0) if settings[0].retention.forgets else None  # the same columns as every other block
-        return with_outputs(block, np.zeros(0), Decision(empty.astype(bool), empty.astype(object), empty,
-                                                         empty.astype(bool), effective=forgets, retention=forgets))
+        return with_outputs(block, np.zeros(0), Decision(
+            empty.astype(bool), empty.astype(object), empty, empty.astype(bool), effective=forgets, retention=forgets,
+            superseded_by=empty if settings[0].supersede.on else None))
     block = block.sort_by([(SORTKEY, "ascending"), (ROW, "ascending")])
     scores = block.column("score").to_numpy()
     tokens = block.column(TOKENS).to_numpy()
@@ -257,7 +278,8 @@ def decide_sorted_block(
     started = now()
     texts = block.column("text").to_pylist()
     scores, emb = _unify(groups, scores, texts, emb, order)
-    stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb, block, lives)
+    stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb, block, lives,
+                              _encoder(scorer) if scorer else None)
     out = with_outputs(block, scores, decision)
     ray.get(tally.add_time.remote({"decide_s": now() - started}, (started, now())))
     ray.get(tally.add.remote(stats))
@@ -265,7 +287,7 @@ def decide_sorted_block(
 
 
 
-PREVIEW_COLUMNS = ("bullet_id", "text", "score", "keep", "reason", "duplicate_of")
+PREVIEW_COLUMNS = ("bullet_id", "text", "score", "keep", "reason", "duplicate_of", "superseded_by")
 
 
 def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
@@ -290,6 +312,7 @@ def run_pipeline(
     from ray.data import DataContext
 
     keys, settings = config.rule.keys, config.settings()
+    unit = config.rule.unit_keys  # what a block holds whole: the groups, and with supersession their scopes
     timing: dict[str, float] = {}
     t1 = time.perf_counter()
     ctx = DataContext.get_current()
@@ -300,7 +323,7 @@ def run_pipeline(
     shuffle = plan.mode == "shuffle"
     try:
         ds = ray.data.read_datasource(
-            _make_datasource(plan, schema, add_row=shuffle, sortkey=keys if shuffle else None),
+            _make_datasource(plan, schema, add_row=shuffle, sortkey=unit if shuffle else None),
             num_cpus=config.io_cpus,
             override_num_blocks=len(plan.blocks),  # no extra splitting of read outputs (it would cut groups)
         )
@@ -312,7 +335,8 @@ def run_pipeline(
         if shuffle:
             ds = ds.sort(SORTKEY).map_batches(
                 decide_sorted_block,
-                fn_kwargs={"keys": list(keys), "settings": settings, "tally": tally, "lives": lives},
+                fn_kwargs={"keys": list(keys), "settings": settings, "tally": tally, "lives": lives,
+                           "scorer": canonical(config.scorer) if config.rule.supersede.on else None},
                 batch_size=None, batch_format="pyarrow", num_cpus=config.io_cpus,
             )
         preview = None

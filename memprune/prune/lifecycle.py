@@ -161,11 +161,16 @@ def retention_factor(age: np.ndarray, recalls: np.ndarray | None, half_life: flo
 
 @dataclass(frozen=True)
 class Life:
-    """Per-bullet inputs of the decision's time steps: pinned, the reference time (epoch seconds, NaN unknown), recalls."""
+    """Per-bullet inputs of the decision's time steps: pinned, the reference time (epoch seconds, NaN unknown), recalls;
+    for supersession the scope (codes), subject, the bullet's own time (else its session's; NaN unknown) and session."""
 
     pinned: np.ndarray | None = None
     since: np.ndarray | None = None
     recalls: np.ndarray | None = None
+    scope: np.ndarray | None = None
+    subject: list[Any] | None = None
+    when: np.ndarray | None = None
+    session: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -345,51 +350,75 @@ def read_usage(path: str | Path, known: Any) -> Usage:
     return Usage(recalls, last, events)
 
 
+def _values(column: Any) -> list[Any]:
+    return column.to_pylist() if isinstance(column, (pa.Array, pa.ChunkedArray)) else list(column)
+
+
 def life_of(columns: Mapping[str, Any], n: int, pin_field: str | None, retention: Retention,
-            usage: Usage | None = None, session_times: Mapping[tuple[Any, Any], float] | None = None) -> Life | None:
+            usage: Usage | None = None, session_times: Mapping[tuple[Any, Any], float] | None = None,
+            supersede: Any = None) -> Life | None:
     """The `Life` of n bullets from their columns (a name -> Arrow column or list of values; a table's columns
     or mapping bullets' keys): pins from `pin_field`; with retention on, the reference time (last access from
     `usage`, else `time`, else `session_time`, else the session's time in `session_times` by
-    (conversation_id, session_index)) and recalls. None when neither pins nor retention are asked for."""
-    if pin_field is None and not retention.on:
+    (conversation_id, session_index)) and recalls; with `supersede` (`Supersede`, on) the scope, subject, the
+    bullet's time (`time`, else its session's) and session. None when none of these is asked for."""
+    sup = supersede is not None and supersede.on
+    if pin_field is None and not retention.on and not sup:
         return None
-    ids = columns["bullet_id"] if "bullet_id" in columns else [f"bullets[{i}]" for i in range(n)]
-    ids = ids.to_pylist() if isinstance(ids, (pa.Array, pa.ChunkedArray)) else list(ids)
+    ids = _values(columns["bullet_id"]) if "bullet_id" in columns else [f"bullets[{i}]" for i in range(n)]
     pinned = None
     if pin_field is not None:
         if pin_field not in columns:
             raise LifecycleError(f"pin field {pin_field!r}: no such column (columns: {', '.join(columns)})")
         pinned = pin_mask(columns[pin_field], pin_field, ids)
+    timed = retention.on or sup
+    own = epoch_seconds(columns[TIME], TIME, ids) if TIME in columns and timed else None
+    session = epoch_seconds(columns[SESSION_TIME], SESSION_TIME, ids) if SESSION_TIME in columns and timed else None
+    if session is None and session_times and "conversation_id" in columns and "session_index" in columns:
+        keys = zip(_values(columns["conversation_id"]), _values(columns["session_index"]))
+        session = np.fromiter((session_times.get(k, np.nan) for k in keys), dtype=np.float64, count=n)
+    extra: dict[str, Any] = {}
+    if sup:
+        from memprune.prune.rule import group_codes
+
+        for col in (*supersede.keys, supersede.subject):
+            if col not in columns:
+                raise LifecycleError(f"supersession: no column {col!r} (columns: {', '.join(columns)})")
+        scope = list(zip(*(_values(columns[k]) for k in supersede.keys)))
+        index = _values(columns["session_index"]) if "session_index" in columns else [None] * n
+        extra = {"scope": group_codes(scope), "subject": _values(columns[supersede.subject]),
+                 "when": first_known(own, session) if own is not None or session is not None else np.full(n, np.nan),
+                 "session": np.array([np.nan if v is None else float(v) for v in index], dtype=np.float64)}
     if not retention.on:
-        return Life(pinned=pinned)
+        return Life(pinned=pinned, **extra)
     recalls = last = None
     if usage is not None:
         recalls, last = usage.lookup(ids)
-    own = epoch_seconds(columns[TIME], TIME, ids) if TIME in columns else None
-    session = epoch_seconds(columns[SESSION_TIME], SESSION_TIME, ids) if SESSION_TIME in columns else None
-    if session is None and session_times and "conversation_id" in columns and "session_index" in columns:
-        conv, index = (c.to_pylist() if isinstance(c, (pa.Array, pa.ChunkedArray)) else list(c)
-                       for c in (columns["conversation_id"], columns["session_index"]))
-        session = np.fromiter((session_times.get(k, np.nan) for k in zip(conv, index)), dtype=np.float64, count=n)
-    return Life(pinned=pinned, since=first_known(last, own, session), recalls=recalls)
+    return Life(pinned=pinned, since=first_known(last, own, session), recalls=recalls, **extra)
 
 
 def life_of_table(table: pa.Table, pin_field: str | None, retention: Retention, usage: Usage | None = None,
-                  session_times: Mapping[tuple[Any, Any], float] | None = None) -> Life | None:
+                  session_times: Mapping[tuple[Any, Any], float] | None = None, supersede: Any = None) -> Life | None:
     """`life_of` a bullets table's rows."""
     return life_of({c: table.column(c) for c in table.column_names}, table.num_rows, pin_field, retention, usage,
-                   session_times)
+                   session_times, supersede)
 
 
 def life_of_mappings(bullets: Sequence[Any], pin_field: str | None, retention: Retention, usage: Usage | None = None,
-                     session_times: Mapping[tuple[Any, Any], float] | None = None) -> Life | None:
-    """`life_of` bullets given as strings or mappings (a key a mapping lacks is null: not pinned, time unknown)."""
-    names = [k for k in ("bullet_id", "conversation_id", "session_index", pin_field, TIME, SESSION_TIME)
+                     session_times: Mapping[tuple[Any, Any], float] | None = None,
+                     supersede: Any = None) -> Life | None:
+    """`life_of` bullets given as strings or mappings (a key a mapping lacks is null: not pinned, time unknown; with
+    supersession a missing scope key is one scope, a missing subject no subject)."""
+    sup = supersede is not None and supersede.on
+    wanted = ("bullet_id", "conversation_id", "session_index", pin_field, TIME, SESSION_TIME,
+              *((*supersede.keys, supersede.subject) if sup else ()))
+    names = [k for k in dict.fromkeys(wanted)
              if k is not None and any(isinstance(b, Mapping) and k in b for b in bullets)]
     columns = {k: [b.get(k) if isinstance(b, Mapping) else None for b in bullets] for k in names}
-    if pin_field is not None and pin_field not in columns:
-        columns[pin_field] = [None] * len(bullets)  # no bullet carries the key: none is pinned
-    return life_of(columns, len(bullets), pin_field, retention, usage, session_times)
+    for k in (pin_field, *((*supersede.keys, supersede.subject) if sup else ())):
+        if k is not None and k not in columns:
+            columns[k] = [None] * len(bullets)  # no bullet carries the key: none is pinned / one scope / no subject
+    return life_of(columns, len(bullets), pin_field, retention, usage, session_times, supersede)
 
 
 def session_times_of(sessions: pa.Table) -> dict[tuple[Any, Any], float]:

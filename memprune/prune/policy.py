@@ -7,14 +7,18 @@ decisions and reasons on the same data. Within each group (session), in this ord
    embeddings have cosine similarity >= `dedup_threshold`, form clusters (transitively); one bullet
    represents a cluster (a pinned one first, then one that has not expired, then the highest
    effective score, then the earliest), the others go with reason `duplicate`.
-2. **Expiry** (`retention.max_age`): representatives older than max_age go (`expired`).
-3. **Floor** and **policy** over the remaining bullets, ranked by the *effective* score (the score x
+2. **Supersession** (`rule.supersede`, `memprune.prune.supersede`): within the supersession scope (the
+   conversation by default, not the group), a later representative of the same subject that the update judge
+   says updates an earlier one supersedes it (`superseded`, `superseded_by`); never a pinned one, never on
+   equal or unknown times.
+3. **Expiry** (`retention.max_age`): representatives older than max_age go (`expired`).
+4. **Floor** and **policy** over the remaining bullets, ranked by the *effective* score (the score x
    retention when `retention.half_life` is set, else the score; ties: earlier first): `below_floor`,
    then the rule's `policy.keep` (`memprune.prune.policies`: `rule` keeps score >= threshold, then the
    top-k (`below_threshold`, `over_top_k`); `budget` keeps the best while the group's kept tokens stay
    <= B (`over_budget`); `fraction` keeps the top ceil(q * n) of the group's n distinct bullets).
-4. **Min-keep**: a group left with fewer than m kept non-pinned bullets gets its best non-duplicate,
-   non-expired, non-pinned bullets back (whatever the floor, threshold or budget said), up to m.
+5. **Min-keep**: a group left with fewer than m kept non-pinned bullets gets its best non-duplicate,
+   non-superseded, non-expired, non-pinned bullets back (whatever the floor, threshold or budget said), up to m.
 
 **Pins** (`PruneRule.pin_field`) override every drop: a pinned bullet is kept whatever any step says,
 with reason null. Pinned bullets stand outside the competition: they take no top-k slot, no budget
@@ -32,13 +36,14 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from memprune.prune.lifecycle import Life, Standing, standing
 from memprune.prune.policies import POLICIES
 from memprune.prune.rule import rank_within_groups
+from memprune.prune.supersede import SUPERSEDED, find_superseded
 
 if TYPE_CHECKING:
     from memprune.prune.config import PruneRule
@@ -47,8 +52,10 @@ DUPLICATE, EXPIRED, BELOW_FLOOR = "duplicate", "expired", "below_floor"
 
 
 def reasons() -> tuple[str, ...]:
-    """Every reason a bullet can go for: duplicates, expiry, the floor, then each registered policy's own."""
-    return tuple(dict.fromkeys((DUPLICATE, EXPIRED, BELOW_FLOOR, *(r for p in POLICIES.values() for r in p.reasons))))
+    """Every reason a bullet can go for: duplicates, supersession, expiry, the floor, then each registered
+    policy's own."""
+    own = (r for p in POLICIES.values() for r in p.reasons)
+    return tuple(dict.fromkeys((DUPLICATE, SUPERSEDED, EXPIRED, BELOW_FLOOR, *own)))
 
 
 REASONS = reasons()  # the built-in policies' (a policy registered later adds its own to `reasons()`)
@@ -60,7 +67,8 @@ _SPACE = re.compile(r"\s+")
 class Decision:
     """Per bullet: kept?, the reason it goes (None when kept), its cluster's representative (-1: none),
     kept only by min-keep (`rescued`); pinned, and pinned bullets a step would have dropped (`protected`);
-    with retention, the effective score (score x retention) and the retention factor."""
+    with retention, the effective score (score x retention) and the retention factor; with supersession the
+    index of the bullet that supersedes each (-1: none)."""
 
     keep: np.ndarray
     reason: np.ndarray
@@ -70,6 +78,7 @@ class Decision:
     protected: np.ndarray | None = None
     effective: np.ndarray | None = None
     retention: np.ndarray | None = None
+    superseded_by: np.ndarray | None = None
 
     def reason_counts(self) -> dict[str, int]:
         """How many bullets go for each reason (every reason listed, zeros included)."""
@@ -179,8 +188,10 @@ def find_duplicates(
 def apply_policy(
     scores: np.ndarray, codes: np.ndarray, rule: "PruneRule", tokens: np.ndarray | None = None,
     duplicate_of: np.ndarray | None = None, order: np.ndarray | None = None, stand: Standing | None = None,
+    superseded_by: np.ndarray | None = None,
 ) -> Decision:
-    """The decision of `rule` (expiry, floor, policy, min-keep, pins) for bullets whose duplicates are known.
+    """The decision of `rule` (expiry, floor, policy, min-keep, pins) for bullets whose duplicates (and, with
+    supersession, `superseded_by`: `find_superseded`) are known.
 
     `stand` (`lifecycle.standing`) gives the effective scores, the expired and the pinned bullets;
     without it the scores are ranked as they are and nothing is pinned or expired. Min-keep counts a
@@ -197,9 +208,12 @@ def apply_policy(
     ordr = _order(n, order)
     reason = np.full(n, None, dtype=object)
     reason[dup] = DUPLICATE
-    expired = ~dup & ~pinned & st.expired
+    sup = np.zeros(n, dtype=bool) if superseded_by is None else ~dup & ~pinned & (np.asarray(superseded_by) >= 0)
+    reason[sup] = SUPERSEDED
+    gone = dup | sup  # merged or outdated: never ranked, never rescued
+    expired = ~gone & ~pinned & st.expired
     reason[expired] = EXPIRED
-    active = ~dup & ~expired & ~pinned
+    active = ~gone & ~expired & ~pinned
     if rule.floor is not None:
         low = active & (e < rule.floor)
         reason[low] = BELOW_FLOOR
@@ -208,7 +222,7 @@ def apply_policy(
     keep = rule.policy.keep(e, active, rank, codes, tokens, reason)
     rescued = np.zeros(n, dtype=bool)
     if rule.min_keep:
-        eligible = ~dup & ~expired & ~pinned
+        eligible = ~gone & ~expired & ~pinned
         best = rank_within_groups(np.where(eligible, e, -np.inf), codes, ordr) < rule.min_keep
         rescued = best & eligible & ~keep
         keep |= rescued
@@ -216,23 +230,39 @@ def apply_policy(
     protected = None
     if pinned.any():
         # what the decision would have said of each pinned bullet, were it not pinned (same clusters)
-        protected = pinned & ~apply_policy(s, codes, rule, tokens, duplicate_of, order, st.unpinned()).keep
+        unpinned = apply_policy(s, codes, rule, tokens, duplicate_of, order, st.unpinned(), superseded_by)
+        protected = pinned & ~unpinned.keep
         keep = keep | pinned
         reason[pinned] = None
     dup_kept = dup & ~pinned
     return Decision(keep, reason, np.where(dup_kept, np.asarray(duplicate_of if duplicate_of is not None else -1), -1),
-                    rescued, pinned, protected, st.effective if st.retention is not None else None, st.retention)
+                    rescued, pinned, protected, st.effective if st.retention is not None else None, st.retention,
+                    None if superseded_by is None else np.where(sup, superseded_by, -1))
 
 
 def decide_policy(
     scores: np.ndarray, codes: np.ndarray, rule: "PruneRule", tokens: np.ndarray | None = None,
     texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None, order: np.ndarray | None = None,
-    life: Life | None = None,
+    life: Life | None = None, encode: Any = None,
 ) -> Decision:
-    """The whole decision of `rule` for one set of whole groups: the time steps' standing (`life`: pins, reference
-    times, recalls; `rule.retention` with its `now` resolved), duplicates (if `rule.dedup`), then `apply_policy`."""
+    """The whole decision of `rule` for one set of whole groups (whole supersession scopes): the time steps'
+    standing (`life`: pins, reference times, recalls; `rule.retention` with its `now` resolved), duplicates (if
+    `rule.dedup`), supersession (`superseded`; `encode`: the scorer's encoder, for judges that need it), then
+    `apply_policy`."""
     stand = standing(scores, rule.retention, life)
     dup = None
     if rule.dedup:
         dup = find_duplicates(stand.effective, codes, texts, embeddings, rule.dedup_threshold, order, stand.priority)
-    return apply_policy(scores, codes, rule, tokens, dup, order, stand)
+    return apply_policy(scores, codes, rule, tokens, dup, order, stand,
+                        superseded(rule, life, stand, texts, embeddings, dup, encode))
+
+
+def superseded(rule: "PruneRule", life: Life | None, stand: Standing, texts: Sequence[str] | None,
+               embeddings: np.ndarray | None, duplicate_of: np.ndarray | None, encode: Any = None) -> np.ndarray | None:
+    """`find_superseded` with the rule's settings and `life`'s scope, subject and times (None: supersession off)."""
+    if not rule.supersede.on:
+        return None
+    if life is None or life.scope is None or texts is None:
+        raise ValueError("supersession needs each bullet's scope, subject and time (Life) and texts")
+    return find_superseded(rule.supersede, rule.supersede.band(rule.dedup_threshold), life.scope, life.subject or [],
+                           life.when, life.session, texts, embeddings, duplicate_of, stand.pinned, encode)

@@ -92,6 +92,12 @@ def lifecycle_lines(life: dict[str, Any] | None, result: dict[str, Any]) -> list
     if life.get("pin_field"):
         lines.append(f"Pins: column `{life['pin_field']}`; {life['pinned']} pinned bullets, all kept "
                      f"({result.get('kept_by_pin', 0)} of them a step would have dropped).")
+    if life.get("supersede"):
+        sup = life["supersede"]
+        high = "the dedup threshold" if sup["high"] is None else f"{sup['high']:g}"
+        lines.append(f"Supersession: judge `{sup['judge']}` within each {sup['scope']}, same `{sup['subject']}`, "
+                     f"cosine in [{sup['low']:g}, {high}); {result['dropped_by_reason'].get('superseded', 0)} bullets "
+                     "superseded by a later update (column `superseded_by`).")
     if life.get("now"):
         steps = []
         if life.get("half_life"):

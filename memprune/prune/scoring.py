@@ -26,7 +26,7 @@ from memprune.prune.rule import group_codes
 
 # With retention (`rule.retention.half_life`) `effective_score` and `retention` follow `score`.
 RETENTION_COLUMNS = ("effective_score", "retention")
-OUTPUT_COLUMNS = ("score", *RETENTION_COLUMNS, "keep", "reason", "duplicate_of")
+OUTPUT_COLUMNS = ("score", *RETENTION_COLUMNS, "keep", "reason", "duplicate_of", "superseded_by")
 # Helper columns that live only inside the batch job's pipeline (never written).
 ROW = "__memprune_row"
 SORTKEY = "__memprune_sortkey"
@@ -108,7 +108,7 @@ def group_keys_of(table: pa.Table, keys: Sequence[str]) -> list[Any]:
 def decide(
     scores: np.ndarray, groups: Sequence[Any] | np.ndarray, rule: PruneRule, tokens: np.ndarray | None = None,
     texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None, order: np.ndarray | None = None,
-    life: Life | None = None,
+    life: Life | None = None, encode: Any = None,
 ) -> Decision:
     """The decision of `memprune.prune.policy.decide_policy` for these groups, with `PruneError` instead of ValueError.
 
@@ -119,27 +119,34 @@ def decide(
         if len(codes) != len(scores):
             raise ValueError(f"scores ({len(scores)}) and groups ({len(codes)}) differ in length")
         rule = rule.at(dt.datetime.now(dt.timezone.utc))
-        return decide_policy(np.asarray(scores, dtype=np.float64), codes, rule, tokens, texts, embeddings, order, life)
+        return decide_policy(np.asarray(scores, dtype=np.float64), codes, rule, tokens, texts, embeddings, order, life,
+                             encode)
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
 
 
 def with_outputs(table: pa.Table, scores: np.ndarray, decision: Decision) -> pa.Table:
     """`table` without helper/old output columns, plus `score`, (with retention) `effective_score` and
-    `retention`, `keep`, `reason` and `duplicate_of` (a bullet_id)."""
+    `retention`, `keep`, `reason`, `duplicate_of` and (with supersession) `superseded_by` (bullet_ids)."""
     drop = [c for c in (*HELPERS, *OUTPUT_COLUMNS) if c in table.column_names]
     ids = table.column("bullet_id")
     table = table.drop_columns(drop) if drop else table
-    dup = decision.duplicate_of
-    dup_ids = pc.take(ids, pa.array(np.where(dup >= 0, dup, 0), pa.int64())) if len(dup) else pa.array([], pa.string())
-    dup_ids = pc.if_else(pa.array(dup >= 0, pa.bool_()), dup_ids, pa.scalar(None, pa.string()))
+
+    def id_of(index: np.ndarray) -> pa.Array:
+        got = (pc.take(ids, pa.array(np.where(index >= 0, index, 0), pa.int64())) if len(index)
+               else pa.array([], pa.string()))
+        return pc.if_else(pa.array(index >= 0, pa.bool_()), got, pa.scalar(None, pa.string())).cast(pa.string())
+
     table = table.append_column("score", pa.array(scores, pa.float64()))
     if decision.effective is not None:
         table = (table.append_column("effective_score", pa.array(decision.effective, pa.float64()))
                  .append_column("retention", pa.array(decision.retention, pa.float64())))
-    return (table.append_column("keep", pa.array(decision.keep, pa.bool_()))
-            .append_column("reason", pa.array(decision.reason.tolist(), pa.string()))
-            .append_column("duplicate_of", dup_ids.cast(pa.string())))
+    table = (table.append_column("keep", pa.array(decision.keep, pa.bool_()))
+             .append_column("reason", pa.array(decision.reason.tolist(), pa.string()))
+             .append_column("duplicate_of", id_of(decision.duplicate_of)))
+    if decision.superseded_by is not None:
+        table = table.append_column("superseded_by", id_of(decision.superseded_by))
+    return table
 
 
 class _AnyId:
@@ -249,13 +256,14 @@ class MemoryPruner:
     def _decide_texts(self, texts: list[str], groups: Sequence[Any], ids: Sequence[Any], where: str,
                       rule: PruneRule, life: Life | None = None) -> tuple[np.ndarray, Decision]:
         # A duck-typed scorer without `embed` (no encoder) gets exact-duplicate merging only.
-        embed = rule.dedup and hasattr(self.scorer, "embed")
+        embed = (rule.dedup or rule.supersede.on) and hasattr(self.scorer, "embed")
         scores, emb = score_and_embed(self.scorer, texts, self.batch_size, self.sort_by_length, embed=embed)
         check_scores(scores, ids, where)
         if self.calibrated:
             scores = self.scorer.calibrate(scores)
         tokens = self.count_tokens(texts) if rule.policy.needs_tokens else None
-        return scores, decide(scores, groups, rule, tokens, texts, emb, life=life)
+        encode = (lambda t: self.scorer.embed(t, batch_size=self.batch_size)) if embed else None
+        return scores, decide(scores, groups, rule, tokens, texts, emb, life=life, encode=encode)
 
     def decisions(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, Decision]:
         """(scores, the whole `Decision`: keep, reason, duplicate_of, rescued, pinned, protected, and with retention
@@ -268,7 +276,7 @@ class MemoryPruner:
             raise PruneError(f"groups ({len(groups)}) and bullets ({len(texts)}) differ in length")
         rule = self.rule
         life = self._life(lambda: life_of_mappings(bullets, rule.pin_field, rule.retention, self.usage,
-                                                   self.session_times))
+                                                   self.session_times, rule.supersede))
         return self._decide_texts(texts, groups, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner",
                                   rule, life)
 
@@ -292,7 +300,8 @@ class MemoryPruner:
         missing = [c for c in ("bullet_id", "text", *rule.keys) if c not in table.column_names]
         if missing:
             raise PruneError(f"<table>: column {missing[0]!r} missing")
-        life = self._life(lambda: life_of_table(table, rule.pin_field, rule.retention, self.usage, self.session_times))
+        life = self._life(lambda: life_of_table(table, rule.pin_field, rule.retention, self.usage, self.session_times,
+                                                rule.supersede))
         scores, decision = self._decide_texts(table.column("text").to_pylist(), group_keys_of(table, rule.keys),
                                               table.column("bullet_id").to_pylist(), "MemoryPruner.prune_table", rule,
                                               life)

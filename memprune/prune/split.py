@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from memprune.archive import (
     DECISION_COLUMNS,
     DUPLICATE_OF,
+    SUPERSEDED_BY,
     REASON,
     SCORE,
     Archive,
@@ -62,6 +63,8 @@ def write_split(pruned: pa.Table, input_ids: pa.ChunkedArray, columns: list[str]
                .append_column(SCORE, dropped.column("score"))
                .append_column(REASON, dropped.column("reason"))
                .append_column(DUPLICATE_OF, dropped.column("duplicate_of"))
+               .append_column(SUPERSEDED_BY, dropped.column("superseded_by") if "superseded_by" in dropped.column_names
+                              else pa.nulls(dropped.num_rows, pa.string()))
                .append_column(POSITION, pa.array(positions[~keep], pa.int64())))
     description = {"kind": STORE_KIND, "provider": __name__, **store, "kept": str(final / KEPT_DIR),
                    "rows": pruned.num_rows, "columns": columns}

@@ -116,7 +116,7 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
     from memprune.prune.job import Lives
 
     rule = config.rule
-    if rule.pin_field is None and not rule.retention.on:
+    if rule.pin_field is None and not rule.retention.on and not rule.supersede.on:
         return None, None
     if rule.pin_field is not None:
         if rule.pin_field not in schema.names:
@@ -127,7 +127,14 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
             raise PruneError(f"--pin-field {rule.pin_field}: column {rule.pin_field!r} has type {got}, expected bool "
                              f"({files[0].path})")
     info: dict[str, Any] = {"pin_field": rule.pin_field}
-    if not rule.retention.on:
+    if rule.supersede.on:
+        missing = [c for c in (*rule.supersede.keys, rule.supersede.subject) if c not in schema.names]
+        if missing:
+            raise PruneError(f"--supersede: the store has no column {missing[0]!r} for the supersession "
+                             f"{'subject' if missing[0] == rule.supersede.subject else 'scope'} "
+                             f"({files[0].path}; columns: {', '.join(schema.names)})")
+        info["supersede"] = rule.supersede.model_dump(mode="json")
+    if not rule.retention.on and not rule.supersede.on:
         return Lives(), info
     try:
         for name in (TIME, SESSION_TIME):  # parse once here, so that a bad time is one line before any work
@@ -177,12 +184,13 @@ def corpus_session_times(files: list[Any]) -> dict[tuple[Any, Any], float] | Non
 
 def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
     """preview.jsonl: one line per bullet of the sampled groups (group, bullet, score (and with forgetting the
-    effective score), kept or why it goes)."""
+    effective score), kept or why it goes, and with supersession what superseded it)."""
     rows = [] if preview is None else preview.to_pylist()
     return write_jsonl(path, ({"group": {k: r[k] for k in keys}, "bullet_id": r["bullet_id"], "text": r["text"],
                                "score": r["score"], "kept": r["keep"], "reason": r["reason"],
                                "duplicate_of": r["duplicate_of"],
-                               **({"effective_score": r["effective_score"]} if "effective_score" in r else {})}
+                               **({"effective_score": r["effective_score"]} if "effective_score" in r else {}),
+                               **({"superseded_by": r["superseded_by"]} if "superseded_by" in r else {})}
                               for r in rows))
 
 
@@ -220,7 +228,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
                                     DataContext.get_current().target_max_block_size or 2**27)
         # At least ~4 blocks per actor, so that no actor idles while another finishes the last big block.
         block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (4 * res.actors))))
-    plan = plan_store(files, rule.keys, block_rows, config.grouping, config.limit_rows)
+    plan = plan_store(files, rule.unit_keys, block_rows, config.grouping, config.limit_rows)
     if scores_used["note"]:  # after every input check, so that a bad input stays one error line
         console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False, soft_wrap=True)
     console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "

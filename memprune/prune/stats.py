@@ -15,7 +15,7 @@ import numpy as np
 
 from memprune.prune.config import PruneRule
 from memprune.prune.lifecycle import Life, standing
-from memprune.prune.policy import Decision, apply_policy, find_duplicates, reasons
+from memprune.prune.policy import Decision, apply_policy, find_duplicates, reasons, superseded
 from memprune.prune.rule import group_codes
 
 
@@ -42,12 +42,13 @@ def empty_stats(settings: Sequence[PruneRule]) -> dict[str, Any]:
 def block_stats(
     groups: Sequence[Any], scores: np.ndarray, tokens: np.ndarray, settings: Sequence[PruneRule],
     order: np.ndarray | None = None, texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None,
-    life: Life | None = None,
+    life: Life | None = None, encode: Any = None,
 ) -> tuple[dict[str, Any], Decision]:
-    """Counters of one block that holds whole groups, and the decision of the first setting (the one written).
+    """Counters of one block that holds whole groups (and whole supersession scopes), and the decision of the first
+    setting (the one written).
 
-    The time steps' standing (pins, retention, expiry) and the duplicates are found once (every setting shares
-    the rule's pins, retention and dedup) and each setting's policy applied to them.
+    The time steps' standing (pins, retention, expiry), the duplicates and the superseded bullets are found once
+    (every setting shares the rule's pins, retention, dedup and supersession) and each setting's policy applied.
     """
     codes = group_codes(groups)
     n_groups = int(codes.max()) + 1 if len(codes) else 0
@@ -62,12 +63,13 @@ def block_stats(
     stand = standing(scores, main.retention, life)
     dup = (find_duplicates(stand.effective, codes, texts, embeddings, main.dedup_threshold, order, stand.priority)
            if main.dedup else None)
+    sup = superseded(main, life, stand, texts, embeddings, dup, encode)
     stats["duplicates"] = int((dup >= 0).sum()) if dup is not None else 0
     stats["pinned"] = int(stand.pinned.sum())
     stats["age_unknown"] = int((~stand.age_known).sum()) if main.retention.on else 0
     decisions = []
     for rule in settings:
-        d = apply_policy(scores, codes, rule, tokens, dup, order, stand)
+        d = apply_policy(scores, codes, rule, tokens, dup, order, stand, sup)
         decisions.append(d)
         kept = np.bincount(codes[d.keep], minlength=n_groups)
         budgeted = d.keep & ~stand.pinned  # pinned bullets stand outside the budget

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memprune.archive import DUPLICATE_OF, REASON, SCORE, read_archive, write_archive
+from memprune.archive import DUPLICATE_OF, REASON, SCORE, SUPERSEDED_BY, read_archive, write_archive
 from memprune.io import write_json
 from memprune.stores.base import Store, chunks
 from memprune.stores.config import StoreError, StoreOptions
@@ -107,8 +107,12 @@ def _archive_records(store: Store, dropped: pa.Table, ids: list[str]) -> pa.Tabl
         raise StoreError(f"{store.where}: {len(ids)} dropped record(s) to archive, the store returned {records.num_rows}; "
                          "nothing was changed")
     pos = pc.index_in(records.column(idcol).cast(pa.string()), value_set=dropped.column("id"))
-    dup = dropped.column(DUPLICATE_OF.removeprefix("memprune_")) if "duplicate_of" in dropped.column_names else \
-        pa.nulls(dropped.num_rows, pa.string())
+    def link(name: str) -> pa.ChunkedArray | pa.Array:  # duplicate_of / superseded_by (a decision may lack them)
+        col = name.removeprefix("memprune_")
+        return dropped.column(col) if col in dropped.column_names else pa.nulls(dropped.num_rows, pa.string())
+
     records = records.append_column(SCORE, pc.take(dropped.column("score"), pos))
     records = records.append_column(REASON, pc.take(dropped.column("reason"), pos))
-    return records.append_column(DUPLICATE_OF, pc.take(dup.cast(pa.string()), pos))
+    for name in (DUPLICATE_OF, SUPERSEDED_BY):
+        records = records.append_column(name, pc.take(link(name).cast(pa.string()), pos))
+    return records

@@ -124,7 +124,8 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Path,
     ensure_ray(config.ray_address)
     work = out / WORK / "store"
     rule = getattr(config, "rule", None)
-    exp = export(store, work / "export", config.io_cpus, check_times=rule is not None and rule.retention.on)
+    exp = export(store, work / "export", config.io_cpus,
+                 check_times=rule is not None and (rule.retention.on or rule.supersede.on))
     job = prune.run(config.bullets_config(input=str(exp.bullets), out=str(work / "prune"), **fields))
     return exp, job, prune.read_pruned(work / "prune")
 
@@ -138,13 +139,16 @@ def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
             "text": pruned.column("text"), "hash": pruned.column(HASH), "score": pruned.column("score"),
             "keep": pruned.column("keep"), "reason": pruned.column("reason").cast(pa.string()),
             "duplicate_of": pruned.column("duplicate_of").cast(pa.string())}
+    if "superseded_by" in pruned.column_names:
+        cols["superseded_by"] = pruned.column("superseded_by").cast(pa.string())
     decision = pa.table(cols)
     rejected = [r for r in exp.rejects if r["id"]]
     if rejected:  # never decided, never touched: kept, with the reason
         n = len(rejected)
         extra = {"id": [r["id"] for r in rejected], "group": [r["group"] for r in rejected], "time": [None] * n,
                  "text": [None] * n, "hash": [None] * n, "score": pa.nulls(n, pa.float64()), "keep": [True] * n,
-                 "reason": [f"rejected: {r['reason']}" for r in rejected], "duplicate_of": [None] * n}
+                 "reason": [f"rejected: {r['reason']}" for r in rejected], "duplicate_of": [None] * n,
+                 **({"superseded_by": [None] * n} if "superseded_by" in cols else {})}
         decision = pa.concat_tables([decision, pa.table(extra, schema=decision.schema)])
     kept = int(pc.sum(pruned.column("keep")).as_py() or 0)
     summary = dict(job)

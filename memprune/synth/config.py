@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
-from memprune.synth.vocabulary import ONEOFF_ITEMS
+from memprune.synth.vocabulary import DURABLE, ONEOFF_ITEMS
 
 
 class SynthSettings(ConfigModel):
@@ -24,6 +24,9 @@ class SynthSettings(ConfigModel):
     stray_prob: float = Field(0.0, description="share of persona facts stated once and never again")
     duplicates: float = Field(0.0, description="share of bullets that get a duplicate (verbatim or paraphrased) in "
                                                "their session, with ground truth (dup_source, dup_kind)")
+    updates: float = Field(0.0, description="share of persona facts stated twice or more that change value from a "
+                                            "later mention on (same speaker and slot, a new key), with ground truth "
+                                            "update_of")
 
     @field_validator("conversations")
     @classmethod
@@ -53,7 +56,7 @@ class SynthSettings(ConfigModel):
             raise ValueError(f"oneoffs_per_session must be >= 0, got {v}")
         return v
 
-    @field_validator("mention_prob", "stray_prob", "duplicates")
+    @field_validator("mention_prob", "stray_prob", "duplicates", "updates")
     @classmethod
     def _probability(cls, v: float) -> float:
         if not 0.0 <= v <= 1.0:  # also rejects NaN
@@ -62,6 +65,9 @@ class SynthSettings(ConfigModel):
 
     @model_validator(mode="after")
     def _vocabulary(self) -> "SynthSettings":
+        if self.updates and self.facts_per_speaker > len(DURABLE):
+            raise ValueError(f"updates need one fact per category and speaker: facts_per_speaker must be <= "
+                             f"{len(DURABLE)}, got {self.facts_per_speaker}")
         most = 2 * self.sessions * (self.oneoffs_per_session + 1)
         if most > len(ONEOFF_ITEMS):
             raise ValueError(

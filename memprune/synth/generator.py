@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as _dt
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from memprune.schema import bullet_id, turn_id
 from memprune.synth.config import SynthSettings
@@ -69,6 +70,8 @@ class SynthBullet:
     key: str
     dup_source: str | None = None  # injected duplicates (`duplicates` > 0): the bullet it copies
     dup_kind: str | None = None  # "verbatim" or "paraphrase"
+    update_of: str | None = None  # injected updates (`updates` > 0): the bullet of the old value this one replaces
+    slot: int | None = None  # durable facts: the persona fact (slot) it states, whatever its value
 
 
 @dataclass
@@ -98,6 +101,7 @@ class _Fact:
     key: str
     slots: dict[str, str]
     mentions: list[int]
+    update: tuple[int, dict[str, str]] | None = None  # (session, slots) from which the fact has a new value
 
 
 # ---------------------------------------------------------------- generation
@@ -108,13 +112,14 @@ def conversation_id(index: int) -> str:
     return f"synth-{index:06d}"
 
 
-def _persona(rng: random.Random, owner: int, name: str, n: int, used: set[str]) -> list[_Fact]:
-    """Draw `n` durable facts for one speaker, with key entities unused in this conversation."""
+def _persona(rng: random.Random, owner: int, name: str, n: int, used: set[str], unique: bool = False) -> list[_Fact]:
+    """Draw `n` durable facts for one speaker, with key entities unused in this conversation; one job, and with
+    `unique` one fact per category (a second value of a category is then always an update)."""
     facts: list[_Fact] = []
-    has_job = False
+    taken: set[str] = set()
     while len(facts) < n:
         cat_name = rng.choices(DURABLE_NAMES, DURABLE_WEIGHTS)[0]
-        if cat_name == "job" and has_job:
+        if cat_name in taken and (unique or cat_name == "job"):
             continue
         cat = DURABLE[cat_name]
         rel = rng.choice(RELATIONS) if cat_name == "relation" else ""
@@ -132,13 +137,13 @@ def _persona(rng: random.Random, owner: int, name: str, n: int, used: set[str]) 
             species = rng.choice(SPECIES)
             slots.update(species=species, a_species=with_article(species))
         elif cat_name == "job":
-            has_job = True
             slots.update(a_x=with_article(key), years=rng.choice(YEARS))
         elif cat_name == "travel":
             slots["when"] = rng.choice(WHEN)
         elif cat_name == "goal":
             slots["phrase"] = GOAL_PHRASES[key]
         used.add(key)
+        taken.add(cat_name)
         facts.append(_Fact(owner, cat_name, cat.kind, key, slots, []))
     return facts
 
@@ -212,10 +217,31 @@ def _session(
 
 
 def _bullet(
-    cid: str, index: int, nb: int, names: list[str], item: tuple, evidence: list[str], recurs_of: dict[int, bool]
+    cid: str, index: int, nb: int, names: list[str], item: tuple, evidence: list[str], recurs_of: dict[int, Any]
 ) -> SynthBullet:
     _mode, _said, _answer, owner, kind, key, btext, ref = item
-    return SynthBullet(bullet_id(cid, index, nb), index, names[owner], btext, evidence, recurs_of[ref], kind, key)
+    recurs, slot = recurs_of[ref]
+    return SynthBullet(bullet_id(cid, index, nb), index, names[owner], btext, evidence, recurs, kind, key, slot=slot)
+
+
+def _plan_updates(facts: list[_Fact], share: float, rng: random.Random, used: set[str]) -> None:
+    """Give about `share` of the durable facts that are stated at least twice a new value (a fresh key of the same
+    category) from one of their later mentions on: same speaker, same slot, later session."""
+    for fact in facts:
+        if len(fact.mentions) < 2 or rng.random() >= share:
+            continue
+        pool = NAMES_FOR[fact.slots["rel"]] if fact.category == "relation" else DURABLE[fact.category].keys
+        keys = [k for k in pool if k not in used]
+        if not keys:
+            continue
+        key = rng.choice(keys)
+        used.add(key)
+        slots = {**fact.slots, "x": key}
+        if "a_x" in slots:
+            slots["a_x"] = with_article(key)
+        if "phrase" in slots:
+            slots["phrase"] = GOAL_PHRASES[key]
+        fact.update = (rng.choice(fact.mentions[1:]), slots)
 
 
 def synth_conversation(index: int, config: SynthSettings) -> SynthConversation:
@@ -225,11 +251,14 @@ def synth_conversation(index: int, config: SynthSettings) -> SynthConversation:
     names = rng.sample(SPEAKER_NAMES, 2)
     n_sessions = config.sessions
     used: set[str] = set()
-    facts = _persona(rng, 0, names[0], config.facts_per_speaker, used) + _persona(
-        rng, 1, names[1], config.facts_per_speaker, used
+    unique = config.updates > 0
+    facts = _persona(rng, 0, names[0], config.facts_per_speaker, used, unique) + _persona(
+        rng, 1, names[1], config.facts_per_speaker, used, unique
     )
     for fact in facts:
         _schedule(rng, fact, n_sessions, config.mention_prob, config.stray_prob)
+    if config.updates:  # a separate random stream: the rest of the corpus stays as it was
+        _plan_updates(facts, config.updates, random.Random(f"memprune-synth-updates/{config.seed}/{index}"), used)
 
     m = config.oneoffs_per_session
     n_oneoffs = [[rng.randint(max(0, m - 1), m + 1) for _ in range(2)] for _ in range(n_sessions)]
@@ -239,40 +268,54 @@ def synth_conversation(index: int, config: SynthSettings) -> SynthConversation:
     sessions: list[SynthSession] = []
     bullets: list[SynthBullet] = []
     ref = 0
+    last_of: dict[int, str] = {}  # fact -> the bullet id of its latest mention (the value an update replaces)
     for s in range(n_sessions):
         said: list[list[tuple]] = [[], []]
-        recurs_of: dict[int, bool] = {}
+        recurs_of: dict[int, tuple[bool, int | None]] = {}  # ref -> (recurs, fact index)
         # item: (mode, said text, answer text, owner, kind, key, bullet text, ref); mode "ask" goes to the partner
-        for fact in facts:
+        for f, fact in enumerate(facts):
             if s not in fact.mentions:
                 continue
             cat = DURABLE[fact.category]
-            slots = fact.slots
+            slots, later = fact.slots, [m for m in fact.mentions if m > s]
+            if fact.update is not None:
+                at, new = fact.update
+                if s >= at:
+                    slots = new
+                else:  # the old value recurs only while it is still the value
+                    later = [m for m in later if m < at]
             btext = capitalize(rng.choice(cat.bullet).format(**slots))
-            recurs_of[ref] = fact.mentions[-1] > s
+            recurs_of[ref] = (bool(later), f)
             if s == fact.mentions[0]:
                 said[fact.owner].append(("say", rng.choice(cat.intro).format(**slots), "", fact.owner, fact.kind,
-                                         fact.key, btext, ref))
+                                         slots["x"], btext, ref))
             elif rng.random() < 0.35:
                 said[1 - fact.owner].append(("ask", rng.choice(cat.ask).format(**slots),
                                              rng.choice(cat.answer).format(**slots), fact.owner, fact.kind,
-                                             fact.key, btext, ref))
+                                             slots["x"], btext, ref))
             else:
                 said[fact.owner].append(("say", rng.choice(cat.again).format(**slots), "", fact.owner, fact.kind,
-                                         fact.key, btext, ref))
+                                         slots["x"], btext, ref))
             ref += 1
         for owner in (0, 1):
             for _ in range(n_oneoffs[s][owner]):
                 _cat, phrase, templates = ONEOFF_ITEMS[pool.pop()]
                 say, btemplate = rng.choice(templates)
-                recurs_of[ref] = False
+                recurs_of[ref] = (False, None)
                 said[owner].append(("say", say.format(x=phrase), "", owner, "oneoff", oneoff_key(phrase),
                                     capitalize(btemplate.format(x=phrase, name=names[owner])), ref))
                 ref += 1
         for queue in said:
             rng.shuffle(queue)
         session = SynthSession(s, _dt.date.fromordinal(day).isoformat())
+        start = len(bullets)
         session.turns = _session(rng, cid, s, names, said, bullets, recurs_of)
+        for b in bullets[start:]:
+            if b.slot is not None:
+                upd = facts[b.slot].update
+                if upd is not None and upd[0] == s:
+                    b.update_of = last_of[b.slot]
+                last_of[b.slot] = b.bullet_id
         sessions.append(session)
         day += rng.randint(2, 30)
     if config.duplicates:

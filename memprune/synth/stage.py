@@ -22,6 +22,14 @@ from memprune.synth.generator import (
 
 # `duplicates` > 0: the ground truth of the injected duplicates (the bullet copied, verbatim or paraphrase)
 DUPLICATE_BULLETS = SYNTH_BULLETS.append(pa.field("dup_source", pa.string())).append(pa.field("dup_kind", pa.string()))
+# `updates` > 0: the ground truth of the injected fact updates (the bullet of the old value this one replaces)
+UPDATE = pa.field("update_of", pa.string())
+
+
+def bullets_schema(settings: SynthSettings) -> pa.Schema:
+    """The bullets table's schema: the ground truth columns of injected duplicates and updates when asked for."""
+    schema = DUPLICATE_BULLETS if settings.duplicates else SYNTH_BULLETS
+    return schema.append(UPDATE) if settings.updates else schema
 
 
 def _offsets(lengths: list[int]) -> pa.Array:
@@ -104,6 +112,8 @@ class _BulletBatch:
             if "dup_source" in c:
                 c["dup_source"].append(b.dup_source)
                 c["dup_kind"].append(b.dup_kind)
+            if "update_of" in c:
+                c["update_of"].append(b.update_of)
             self.n_evidence.append(len(b.evidence))
             self.evidence += b.evidence
 
@@ -132,7 +142,7 @@ def run(config: SynthConfig) -> dict[str, Any]:
         iterator = tqdm(iterator, desc="synth", unit="conv")
     settings = SynthSettings.model_validate(config.model_dump(include=set(SynthSettings.model_fields)))
     session_rows = config.batch_rows // 10
-    b_schema = DUPLICATE_BULLETS if config.duplicates else SYNTH_BULLETS
+    b_schema = bullets_schema(settings)
     with OutputSet(config.out, "synth") as outputs:
         with TableSink(outputs.path("sessions.parquet"), SESSIONS) as s_sink, \
                 TableSink(outputs.path("bullets.parquet"), b_schema) as b_sink:
@@ -146,6 +156,7 @@ def run(config: SynthConfig) -> dict[str, Any]:
                     if b.dup_kind:
                         counts[f"duplicates_{b.dup_kind}"] = counts.get(f"duplicates_{b.dup_kind}", 0) + 1
                     by_kind[b.kind] = by_kind.get(b.kind, 0) + 1
+                    counts["updates"] = counts.get("updates", 0) + (b.update_of is not None)
                 counts["conversations"] += 1
                 counts["sessions"] += len(conv.sessions)
                 counts["bullets"] += len(conv.bullets)

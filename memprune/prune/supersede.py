@@ -1,0 +1,142 @@
+"""Supersession: a later bullet that updates an earlier one of the same subject supersedes it (reason `superseded`).
+
+A step of the one decision (`memprune.prune.policy`), after duplicate merging and before expiry, the floor
+and the policy. It works within a *scope* (`Supersede.scope`: the conversation (a store's user) by default,
+or the session), separate from the policy's group because updates cross sessions. Among the scope's bullets
+of one subject (`Supersede.subject`, e.g. `speaker`) that represent their duplicate cluster:
+
+1. **candidates**: pairs whose cosine (the scorer's own embeddings) lies in the band [low, high), below the
+   duplicate threshold, ordered in time: by the bullets' times when both are known and differ, else by
+   their session order when both are known and differ; equal or unknown times are never guessed (no pair);
+2. **the update judge** (`memprune.prune.updates.UPDATE_JUDGES`) says of each pair whether B updates A;
+3. the earlier A of each accepted pair goes, `superseded_by` = the latest B that updates it. A pinned
+   bullet is never superseded (it can still supersede an older one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from memprune.config import ConfigModel
+from memprune.prune.updates import Pairs, update_judge
+
+SUPERSEDED = "superseded"
+SCOPE_KEYS: dict[str, tuple[str, ...]] = {"conversation": ("conversation_id",),
+                                          "session": ("conversation_id", "session_index")}
+
+
+class Supersede(ConfigModel):
+    """The supersession step's settings (`PruneRule.supersede`); off unless `judge` names an update judge."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    judge: str | None = Field(None, description="the update judge (memprune.prune.updates); null = no supersession")
+    scope: Literal["conversation", "session"] = Field(
+        "conversation", description="where an update can supersede: the conversation (a store's user) or the session")
+    subject: str = Field("speaker", min_length=1, description="column (mapping key) of whom a fact is about")
+    low: float = Field(0.5, ge=-1.0, le=1.0, description="candidate pairs: cosine >= low")
+    high: float | None = Field(None, ge=-1.0, le=1.0,
+                               description="... and cosine < high (default: the dedup threshold)")
+
+    @field_validator("judge")
+    @classmethod
+    def _known(cls, v: str | None) -> str | None:
+        if v is not None:
+            update_judge(v)
+        return v
+
+    @model_validator(mode="after")
+    def _band(self) -> "Supersede":
+        if self.high is not None and self.high <= self.low:
+            raise ValueError(f"the similarity band is empty: low {self.low:g} >= high {self.high:g}")
+        return self
+
+    @property
+    def on(self) -> bool:
+        return self.judge is not None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The columns whose values form a scope."""
+        return SCOPE_KEYS[self.scope]
+
+    def band(self, dedup_threshold: float) -> tuple[float, float]:
+        return self.low, self.high if self.high is not None else dedup_threshold
+
+    def describe(self, dedup_threshold: float) -> str:
+        lo, hi = self.band(dedup_threshold)
+        return (f"a later bullet of the same {self.subject} that updates an earlier one supersedes it within the "
+                f"{self.scope} (judge {self.judge}, cosine in [{lo:g}, {hi:g}))")
+
+
+def later(time: np.ndarray, session: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """+1 where bullet j is later than i, -1 where earlier, 0 where it cannot be told (equal or unknown)."""
+    ti, tj, si, sj = time[i], time[j], session[i], session[j]
+    by_time = ~np.isnan(ti) & ~np.isnan(tj)
+    out = np.where(by_time, np.sign(np.nan_to_num(tj - ti)), 0)
+    by_session = ~by_time & ~np.isnan(si) & ~np.isnan(sj)
+    return np.where(by_session, np.sign(np.nan_to_num(sj - si)), out).astype(np.int64)
+
+
+def candidates(
+    band: tuple[float, float], scope: np.ndarray, subject: Sequence[Any], time: np.ndarray, session: np.ndarray,
+    embeddings: np.ndarray, duplicate_of: np.ndarray | None, pinned: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidate pairs (A earlier, B later, their cosine): same scope and subject, both representatives, cosine in
+    the band, time order known, A not pinned."""
+    n = len(scope)
+    emb = np.asarray(embeddings, dtype=np.float32)
+    emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    rep = np.ones(n, dtype=bool) if duplicate_of is None else np.asarray(duplicate_of) < 0
+    free = np.ones(n, dtype=bool) if pinned is None else ~np.asarray(pinned, dtype=bool)
+    subj: dict[Any, int] = {}
+    part = np.fromiter((subj.setdefault((int(c), s), len(subj)) if s is not None else -1
+                        for c, s in zip(scope, subject)), dtype=np.int64, count=n)
+    lo, hi = band
+    ai, bi, cos = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.float32)]
+    valid = rep & (part >= 0)
+    order = np.flatnonzero(valid)[np.argsort(part[valid], kind="stable")]
+    for idx in np.split(order, np.flatnonzero(np.diff(part[order])) + 1):
+        if len(idx) < 2:
+            continue
+        for first in range(0, len(idx), 1024):  # row chunks bound the memory of a large scope (a store's user)
+            sim = emb[idx[first:first + 1024]] @ emb[idx].T
+            r, j = np.nonzero((sim >= lo) & (sim < hi))
+            upper = first + r < j
+            r, j = r[upper], j[upper]
+            s = sim[r, j]
+            i, j = idx[first + r], idx[j]
+            d = later(time, session, i, j)
+            a, b = np.where(d > 0, i, j), np.where(d > 0, j, i)
+            keep = (d != 0) & free[a]
+            ai.append(a[keep])
+            bi.append(b[keep])
+            cos.append(s[keep])
+    return np.concatenate(ai), np.concatenate(bi), np.concatenate(cos)
+
+
+def find_superseded(
+    settings: Supersede, band: tuple[float, float], scope: np.ndarray, subject: Sequence[Any], time: np.ndarray,
+    session: np.ndarray, texts: Sequence[str], embeddings: np.ndarray | None, duplicate_of: np.ndarray | None,
+    pinned: np.ndarray | None, encode: Callable[[list[str]], np.ndarray] | None = None,
+) -> np.ndarray:
+    """Index of the bullet that supersedes each bullet (-1: none); see the module docstring."""
+    n = len(texts)
+    out = np.full(n, -1, dtype=np.int64)
+    if n < 2:
+        return out
+    if embeddings is None:
+        raise ValueError("supersession needs the scorer's embeddings (a scorer with embed())")
+    a, b, c = candidates(band, scope, subject, time, session, embeddings, duplicate_of, pinned)
+    if not len(a):
+        return out
+    entry = update_judge(str(settings.judge))
+    verdict = np.asarray(entry.judge(Pairs([texts[k] for k in a], [texts[k] for k in b], c, encode)), dtype=bool)
+    a, b = a[verdict], b[verdict]
+    for k in np.lexsort((b, np.nan_to_num(session[b], nan=-np.inf), np.nan_to_num(time[b], nan=-np.inf))):
+        out[a[k]] = b[k]  # in time order: the latest B that updates A wins
+    return out
