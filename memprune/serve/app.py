@@ -135,8 +135,11 @@ class MemPruneService:
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
     async def _embed(self, requests: list[list[str]]) -> list[np.ndarray]:
         flat = [t for texts in requests for t in texts]
-        emb = await asyncio.get_running_loop().run_in_executor(
-            self.encoder, lambda: self.scorer.embed(flat, batch_size=self.cfg.batch_size))
+        order = np.argsort([len(t) for t in flat], kind="stable")  # length order across requests: less padding
+        got = await asyncio.get_running_loop().run_in_executor(
+            self.encoder, lambda: self.scorer.embed([flat[i] for i in order], batch_size=self.cfg.batch_size))
+        emb = np.empty_like(got)
+        emb[order] = got
         bounds = np.cumsum([0, *(len(t) for t in requests)])
         return [emb[bounds[i]:bounds[i + 1]] for i in range(len(requests))]
 
