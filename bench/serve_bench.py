@@ -128,7 +128,7 @@ def main() -> None:
     summary = {"cpus": args.cpus, "results": results,
                "throughput_ratio_32_vs_inprocess": top["bullets_per_s"] / base["bullets_per_s"],
                "p50_ratio_single_client": single["p50_ms"] / base["p50_ms"]}
-    print(f"| setting | requests | p50 ms | p95 ms | p99 ms | bullets/s |\n|---|---|---|---|---|---|")
+    print("| setting | requests | p50 ms | p95 ms | p99 ms | bullets/s |\n|---|---|---|---|---|---|")
     for k, v in results.items():
         print(f"| {k} | {v['requests']} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['p99_ms']:.1f} | "
               f"{v['bullets_per_s']:.0f} |")
