@@ -16,8 +16,8 @@ FLOORS = [
     {"ingest", "label", "prune", "memory"},
     {"summarize", "evaluate", "dialogue", "qa"},
     {"train", "stores"},
-    {"tune"},
-    {"pipeline"},
+    {"tune", "serve"},
+    {"pipeline", "integrations"},
     {"cli"},
 ]
 FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}

@@ -42,3 +42,18 @@ def test_kuberay_rayjob_structure() -> None:
     assert gpu, "at least one worker group must request GPUs"
     config = spec["entrypoint"].split()[-2]
     assert (REPO / config.removeprefix("/app/")).exists(), f"entrypoint config {config} is not in the repo"
+
+
+def test_serve_deploy_config_matches_rays_schema_and_builds_a_serve_config() -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    from memprune.serve import ServeConfig
+
+    config = yaml.safe_load((REPO / "deploy" / "serve.yaml").read_text())
+    ServeDeploySchema.model_validate(config)
+    (app,) = config["applications"]
+    assert app["import_path"] == "memprune.serve.app:build"
+    cfg = ServeConfig.model_validate(app["args"])
+    assert cfg.max_replicas and set(cfg.stores) == {"mem0"}
+    local = ServeConfig.model_validate(yaml.safe_load((REPO / "configs" / "serve-local.yaml").read_text()))
+    assert local.host == "127.0.0.1"

@@ -409,5 +409,23 @@ def quickstart(
     console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)
 
 
+@app.command()
+def serve(
+    scorer: Optional[str] = typer.Option(None, "--scorer", help="Scorer artifact directory, or its URI (s3://...)."),
+    host: Optional[str] = typer.Option(None, "--host", help="Address to listen on [default: 127.0.0.1]."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port [default: 8000]."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Serve the pruning decision on Ray Serve: /v1/score, /v1/decide, /v1/prune (configured stores), /healthz.
+
+    `--set stores.mem0=mem0:mem0.yaml` names a store clients may prune; apply needs the bearer token in
+    $MEMPRUNE_SERVE_TOKEN. Ctrl-C stops it.
+    """
+    from memprune.serve import ServeConfig, run
+
+    run_stage(ServeConfig, run, config, set_, {"scorer": scorer, "host": host, "port": port})
+
+
 # The pruning and store commands live in their own module; importing it registers them on `app`.
 from memprune.cli import prune as _prune_commands  # noqa: E402,F401  (registers prune, restore, score)

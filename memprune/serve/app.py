@@ -1,0 +1,277 @@
+"""The Ray Serve application: one deployment (a FastAPI ingress) holding the scorer, `MemoryPruner` per rule.
+
+Every request's decision is `MemoryPruner.decisions` / `prune_table` (the batch job's decision), run in a
+worker thread. The pruner's scorer is a `BatchedScorer`: its encoder calls go to `_embed`, a `serve.batch`
+method, so the texts of concurrent requests share one encoder pass. User errors are 4xx with one line
+(`{"error": ...}`); a request failing never takes the replica down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import re
+import time
+import uuid
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from memprune.errors import MemPruneError
+from memprune.serve.config import STORE_NAME, ServeConfig
+from memprune.serve.models import (DecideRequest, DecideResponse, ErrorResponse, PruneRequest, PruneResponse,
+                                   ScoreRequest, ScoreResponse, Verdict)
+
+PRUNERS = 64  # rules whose MemoryPruner a replica keeps
+LIMITS = {"max_request_bytes": 1_000_000}  # this process's replica's (a replica is one process)
+
+
+class RequestError(MemPruneError):
+    """A request the client can fix; `status` is its HTTP status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": " ".join(message.split())}, status_code=status, headers=headers or None)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    return f"{where}: {first.get('msg', 'invalid')}"
+
+
+api = FastAPI(title="memprune", description="Score memory bullets and prune memory stores with a memprune scorer: "
+              "the decision of `memprune prune` and `MemoryPruner`, live.",
+              responses={400: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _error(422, _validation_message(exc))
+
+
+@api.exception_handler(MemPruneError)
+async def _user_error(request: Request, exc: MemPruneError) -> JSONResponse:
+    return _error(getattr(exc, "status", 400), str(exc))
+
+
+class BatchedScorer:
+    """The replica's scorer with `embed` (and `score`) going through the `serve.batch` encoder method."""
+
+    def __init__(self, scorer: Any, embed: Any) -> None:
+        self._scorer, self._embed = scorer, embed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scorer, name)
+
+    def embed(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self._embed(list(texts))
+
+    def score(self, texts: list[str], batch_size: int = 64, calibrated: bool = False) -> np.ndarray:
+        return self._scorer.score_embeddings(self._embed(list(texts)), calibrated=calibrated)
+
+
+def scorer_identity(path: str, scorer: Any) -> dict[str, Any]:
+    """What /healthz says about the scorer: artifact, fingerprint (its files' digests), calibration, precision."""
+    from memprune.storage import is_uri
+    from memprune.work import digest, file_digest
+
+    local = Path(scorer.source or path)
+    files = {} if is_uri(str(local)) else {p.name: file_digest(p) for p in sorted(local.iterdir()) if p.is_file()}
+    cal = scorer.calibration
+    return {"path": path, "fingerprint": digest(files)[:16], "encoder": scorer.config.encoder,
+            "stage": scorer.config.stage, "seed": scorer.config.seed, "precision": scorer.precision,
+            "device": str(scorer.device),
+            "calibration": None if cal is None else {"method": cal.method,
+                                                     "relevance_threshold": cal.relevance_threshold}}
+
+
+def verdicts_of(ids: list[str], scores: Any, keep: Any, reason: Any, duplicate_of: list[str | None],
+                effective: Any = None) -> list[Verdict]:
+    return [Verdict(id=ids[i], keep=bool(keep[i]), reason=reason[i], score=float(scores[i]),
+                    duplicate_of=duplicate_of[i],
+                    effective_score=None if effective is None else float(effective[i])) for i in range(len(ids))]
+
+
+@serve.deployment
+@serve.ingress(api)
+class MemPruneService:
+    """One replica: the scorer loaded once, a `MemoryPruner` per rule, the configured stores by name."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        import torch
+
+        from memprune.runtime import torch_device
+        from memprune.scorer import Scorer
+
+        self.cfg = ServeConfig.model_validate(config)
+        LIMITS["max_request_bytes"] = self.cfg.max_request_bytes
+        torch.set_num_threads(max(1, int(np.ceil(self.cfg.num_cpus))))
+        self.scorer = Scorer.load(self.cfg.scorer, device=torch_device(self.cfg.device), precision=self.cfg.precision)
+        self.identity = scorer_identity(self.cfg.scorer, self.scorer)
+        self.batched = BatchedScorer(self.scorer, self._embed_from_thread)
+        self.pruners: OrderedDict[str, Any] = OrderedDict()
+        self.work = ThreadPoolExecutor(max_workers=self.cfg.max_ongoing_requests, thread_name_prefix="memprune-decide")
+        self.encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memprune-encode")
+        self.store_locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in self.cfg.stores}
+        self._embed.set_max_batch_size(self.cfg.batch_max_size)
+        self._embed.set_batch_wait_timeout_s(self.cfg.batch_wait_s)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------- the encoder, batched across requests
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def _embed(self, requests: list[list[str]]) -> list[np.ndarray]:
+        flat = [t for texts in requests for t in texts]
+        order = np.argsort([len(t) for t in flat], kind="stable")  # length order across requests: less padding
+        got = await asyncio.get_running_loop().run_in_executor(
+            self.encoder, lambda: self.scorer.embed([flat[i] for i in order], batch_size=self.cfg.batch_size))
+        emb = np.empty_like(got)
+        emb[order] = got
+        bounds = np.cumsum([0, *(len(t) for t in requests)])
+        return [emb[bounds[i]:bounds[i + 1]] for i in range(len(requests))]
+
+    def _embed_from_thread(self, texts: list[str]) -> np.ndarray:
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(self._embed(texts), self.loop).result()
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        self.loop = asyncio.get_running_loop()
+        return await self.loop.run_in_executor(self.work, fn, *args)
+
+    # ------------------------------------------------------------- requests
+
+    def _pruner(self, rule: dict[str, Any] | None) -> Any:
+        from memprune.prune import MemoryPruner, PruneRule
+
+        parsed = self.cfg.rule if rule is None else PruneRule.of(**rule)
+        key = parsed.model_dump_json()
+        if key not in self.pruners:
+            self.pruners[key] = MemoryPruner(self.batched, rule=parsed, batch_size=self.cfg.batch_size,
+                                             tokenizer=self.cfg.tokenizer, score=self.cfg.score)
+            while len(self.pruners) > PRUNERS:
+                self.pruners.popitem(last=False)
+        self.pruners.move_to_end(key)
+        return self.pruners[key]
+
+    def _check_texts(self, texts: list[str], what: str) -> None:
+        if len(texts) > self.cfg.max_bullets:
+            raise RequestError(f"{what}: {len(texts)} given, at most {self.cfg.max_bullets} per request", 413)
+        long = next((i for i, t in enumerate(texts) if len(t) > self.cfg.max_text_chars), None)
+        if long is not None:
+            raise RequestError(f"{what}[{long}]: {len(texts[long])} characters, at most {self.cfg.max_text_chars}", 413)
+
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, Any]:
+        return {"status": "ok", "scorer": self.identity, "stores": sorted(self.cfg.stores),
+                "rule": self.cfg.rule.describe()}
+
+    @api.post("/v1/score", response_model=ScoreResponse)
+    async def score(self, req: ScoreRequest) -> ScoreResponse:
+        self._check_texts(req.texts, "texts")
+        raw = await self._in_thread(self.batched.score, req.texts)
+        cal = None if self.scorer.calibration is None else self.scorer.calibrate(raw).tolist()
+        return ScoreResponse(raw=np.asarray(raw).tolist(), calibrated=cal)
+
+    @api.post("/v1/decide", response_model=DecideResponse)
+    async def decide(self, req: DecideRequest) -> DecideResponse:
+        self._check_texts([b.text for b in req.bullets], "bullets")
+        pruner = self._pruner(req.rule)
+        scores, d = await self._in_thread(pruner.decisions, [b.mapping() for b in req.bullets])
+        ids = [b.id if b.id is not None else str(i) for i, b in enumerate(req.bullets)]
+        dup = [ids[j] if j >= 0 else None for j in d.duplicate_of]
+        return DecideResponse(rule=pruner.rule.describe(), score="calibrated" if pruner.calibrated else "raw",
+                              decisions=verdicts_of(ids, scores, d.keep, d.reason.tolist(), dup, d.effective))
+
+    @api.post("/v1/prune", response_model=PruneResponse)
+    async def prune(self, req: PruneRequest, request: Request) -> PruneResponse:
+        if req.apply:
+            self._authorize(request)
+        location = self._store_location(req.store)
+        pruner = self._pruner(req.rule)
+        async with self.store_locks[req.store]:
+            return await self._in_thread(self._prune_group, req, location, pruner)
+
+    def _authorize(self, request: Request) -> None:
+        token = os.environ.get(self.cfg.token_env)
+        if not token:
+            raise RequestError(f"apply is disabled: the server has no token ({self.cfg.token_env} is unset)", 403)
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise RequestError("apply needs 'Authorization: Bearer <token>' with the server's token", 401)
+
+    def _store_location(self, name: str) -> str:
+        if not STORE_NAME.match(name):
+            raise RequestError(f"store {name[:80]!r}: give the name of a configured store, not a path or a location "
+                               f"(configured: {', '.join(sorted(self.cfg.stores)) or 'none'})")
+        if name not in self.cfg.stores:
+            raise RequestError(f"store {name!r} is not configured (configured: "
+                               f"{', '.join(sorted(self.cfg.stores)) or 'none'})", 404)
+        return self.cfg.stores[name]
+
+    def _prune_group(self, req: PruneRequest, location: str, pruner: Any) -> PruneResponse:
+        from memprune.stores import open_store, split_input
+        from memprune.stores.group import apply_group, decide_group
+
+        kind, where = split_input(location)  # type: ignore[misc]  (validated by the config)
+        store = open_store(kind, where)
+        try:
+            decided = decide_group(store, req.group, pruner)
+            archive = None
+            if req.apply:
+                stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+                group = re.sub(r"[^A-Za-z0-9_-]", "_", req.group)[:40]
+                target = Path(self.cfg.archive_dir) / req.store / f"{stamp}-{group}-{uuid.uuid4().hex[:8]}"
+                archive = apply_group(store, decided, target)["archive"]
+        finally:
+            store.close()
+        n = decided.num_rows
+        col = (lambda c: decided.column(c).to_pylist()) if n else (lambda c: [])
+        keep = col("keep")
+        return PruneResponse(store=req.store, group=req.group, applied=req.apply, kept=sum(keep),
+                             dropped=n - sum(keep), archive=archive,
+                             decisions=verdicts_of(col("bullet_id"), col("score"), keep, col("reason"),
+                                                   col("duplicate_of"),
+                                                   col("effective_score") if "effective_score" in decided.column_names
+                                                   else None))
+
+
+@api.middleware("http")
+async def _bounded(request: Request, call_next: Any) -> Any:
+    """A body over the limit is refused before it is parsed (413)."""
+    limit = LIMITS["max_request_bytes"]
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        return _error(413, f"request body of {length} bytes, at most {limit}")
+    if request.method == "POST" and length is None:
+        body = await request.body()
+        if len(body) > limit:
+            return _error(413, f"request body of {len(body)} bytes, at most {limit}")
+    return await call_next(request)
+
+
+def build_app(cfg: ServeConfig) -> Any:
+    """The bound application of this config (what `serve.run` takes)."""
+    return MemPruneService.options(**cfg.deployment_options()).bind(cfg.model_dump(mode="json"))
+
+
+def build(args: dict[str, Any]) -> Any:
+    """The application builder of `serve run` / `serve deploy` (import path `memprune.serve.app:build`): `args` are
+    ServeConfig's fields, or `config: FILE` plus overrides."""
+    from memprune.config import load_config
+
+    args = dict(args)
+    path = args.pop("config", None)
+    return build_app(load_config(path, [], ServeConfig, values=args))

@@ -1,0 +1,76 @@
+"""The service's config, validated once: the scorer, where it listens, its stores, replicas, batching, limits."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from memprune.config import ConfigModel
+from memprune.precision import Precision, precision_field
+from memprune.prune import PruneRule
+
+STORE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # what a configured store may be called
+
+
+class ServeConfig(ConfigModel):
+    """`memprune serve`: one scorer, the stores clients may name, and the bounds of every request."""
+
+    scorer: str = Field(description="scorer artifact directory or URI (scorer.json + head.safetensors)")
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface; set a token first)")
+    port: int = Field(8000, ge=1, le=65535)
+    stores: dict[str, str] = Field(default_factory=dict,
+                                   description="name -> KIND:LOCATION (mem0:CONFIG.yaml, lance:DIR, table:FILE): the "
+                                               "only stores /v1/prune reads or changes; clients send the name")
+    archive_dir: str = Field("serve-archive", description="where /v1/prune with apply writes its archives "
+                                                          "(ARCHIVE_DIR/STORE/...; `memprune restore` takes one)")
+    rule: PruneRule = Field(default_factory=PruneRule, description="the rule of a request that names none")
+    score: Literal["auto", "raw", "calibrated"] = Field("auto", description="which scores the rule sees (as prune's)")
+    tokenizer: str = Field("encoder", description="token unit of the budget policy (as prune's)")
+    precision: Precision = precision_field("of the scorer's forward passes")
+    device: str = Field("auto", description="torch device of each replica: auto (cuda when it has a GPU), cpu, cuda")
+    replicas: int = Field(1, ge=1, description="replicas when not autoscaling")
+    min_replicas: int | None = Field(None, ge=0, description="autoscaling lower bound (with max_replicas)")
+    max_replicas: int | None = Field(None, ge=1, description="autoscaling upper bound; null = a fixed replica count")
+    num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (also its torch threads, rounded up)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica")
+    batch_size: int = Field(64, ge=1, description="encoder forward batch size")
+    batch_max_size: int = Field(32, ge=1, description="serve.batch: most requests whose texts share one encoder call")
+    batch_wait_s: float = Field(0.005, ge=0, description="serve.batch: how long a batch waits for more requests")
+    max_ongoing_requests: int = Field(64, ge=1, description="requests a replica holds at once")
+    max_request_bytes: int = Field(1_000_000, ge=1024, description="a bigger request body is refused (413)")
+    max_bullets: int = Field(1000, ge=1, description="most bullets (texts) in one request")
+    max_text_chars: int = Field(10_000, ge=1, description="most characters in one bullet text")
+    token_env: str = Field("MEMPRUNE_SERVE_TOKEN", description="environment variable (on the server) holding the bearer "
+                                                               "token that apply requires; unset: apply is refused")
+    ray_address: str | None = None
+    block: bool = Field(True, description="`memprune serve` waits (Ctrl-C stops the app); false: returns once up")
+
+    @field_validator("stores")
+    @classmethod
+    def _stores(cls, v: dict[str, str]) -> dict[str, str]:
+        from memprune.stores import split_input
+
+        for name, location in v.items():
+            if not STORE_NAME.match(name):
+                raise ValueError(f"store name {name!r}: letters, digits, '_' and '-' only (at most 64)")
+            if split_input(location) is None:
+                raise ValueError(f"stores.{name}: {location!r} is not KIND:LOCATION (mem0:, lance:, table:)")
+        return v
+
+    @model_validator(mode="after")
+    def _autoscaling(self) -> "ServeConfig":
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            raise ValueError("autoscaling needs both min_replicas and max_replicas")
+        if self.max_replicas is not None and self.min_replicas > self.max_replicas:  # type: ignore[operator]
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+    def deployment_options(self) -> dict[str, object]:
+        """The Ray Serve deployment options: replicas (or autoscaling bounds), resources, concurrency."""
+        scale: dict[str, object] = ({"num_replicas": self.replicas} if self.max_replicas is None else
+                                    {"autoscaling_config": {"min_replicas": self.min_replicas,
+                                                            "max_replicas": self.max_replicas}})
+        return {**scale, "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus},
+                "max_ongoing_requests": self.max_ongoing_requests}

@@ -1,0 +1,91 @@
+"""The HTTP schema of the service (pydantic; FastAPI serves it as OpenAPI at /docs). Pure: no Ray, no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScoreRequest(Request):
+    texts: list[str] = Field(min_length=1, description="texts to score")
+
+
+class ScoreResponse(BaseModel):
+    raw: list[float]
+    calibrated: list[float] | None = Field(description="P(relevant); null when the scorer has no calibration")
+
+
+class Bullet(Request):
+    id: str | None = Field(None, description="the bullet's id (default: its position)")
+    text: str
+    time: float | str | None = Field(None, description="epoch seconds or an ISO time (retention, expiry)")
+    pinned: bool | None = Field(None, description="read when the rule's pin_field is 'pinned'")
+    metadata: dict[str, Any] | None = Field(None, description="echoed nowhere; pin_field may name one of its keys")
+
+    def mapping(self) -> dict[str, Any]:
+        """The bullet as `MemoryPruner` takes it: text, and time / pinned / metadata keys where given."""
+        out: dict[str, Any] = {**(self.metadata or {}), "text": self.text}
+        if self.time is not None:
+            out["time"] = self.time
+        if self.pinned is not None:
+            out["pinned"] = self.pinned
+        return out
+
+
+class DecideRequest(Request):
+    bullets: list[Bullet] = Field(min_length=1, description="one group's bullets, oldest first")
+    rule: dict[str, Any] | None = Field(None, description="a pruning rule, flat as in YAML (policy: budget, "
+                                                          "budget_tokens: 120, ...); null: the server's rule")
+
+    @field_validator("bullets")
+    @classmethod
+    def _unique_ids(cls, v: list[Bullet]) -> list[Bullet]:
+        seen: set[str] = set()
+        for i, b in enumerate(v):
+            if b.id is not None:
+                if b.id in seen:
+                    raise ValueError(f"bullets[{i}]: id {b.id!r} given twice")
+                seen.add(b.id)
+        return v
+
+
+class Verdict(BaseModel):
+    id: str
+    keep: bool
+    reason: str | None = Field(description="why it goes (below_threshold, over_top_k, over_budget, duplicate, ...)")
+    score: float
+    duplicate_of: str | None = Field(None, description="the id of the bullet it duplicates")
+    effective_score: float | None = Field(None, description="with retention: score x retention")
+
+
+class DecideResponse(BaseModel):
+    rule: str = Field(description="the rule in words")
+    score: str = Field(description="raw or calibrated: which scores the rule saw")
+    decisions: list[Verdict]
+
+
+class PruneRequest(Request):
+    store: str = Field(description="the name of a store in the server's config (never a path)")
+    group: str = Field(min_length=1, description="the group id (a Mem0 user_id)")
+    rule: dict[str, Any] | None = None
+    apply: bool = Field(False, description="archive then delete the dropped records (bearer token required); "
+                                           "false: a dry run")
+
+
+class PruneResponse(BaseModel):
+    store: str
+    group: str
+    applied: bool
+    kept: int
+    dropped: int
+    archive: str | None = Field(None, description="the archive written (`memprune restore ARCHIVE` puts it back)")
+    decisions: list[Verdict]
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="one line saying what is wrong")
