@@ -72,6 +72,14 @@ def test_decide_is_memory_pruners_decision_for_every_policy(service, scorer_dir)
         reply = _post(url, "/v1/decide", {"bullets": [{"text": t} for t in BULLETS], "rule": rule})
         assert reply.status_code == 200, reply.text
         _same(reply.json()["decisions"], _expected(scorer_dir, rule, BULLETS))
+    nora = [("Nora lives in Lima.", "2024-01-05"), ("Nora has a cat named Mochi.", "2024-01-05"),
+            ("Nora lives in Oslo.", "2024-03-10")]  # supersession: the README's example, as MemoryPruner decides it
+    reply = _post(url, "/v1/decide", {"bullets": [{"text": t, "time": at, "metadata": {"speaker": "Nora"}}
+                                                  for t, at in nora],
+                                      "rule": {"threshold": 0.0, "top_k": None, "supersede": {"judge": "slot"}}})
+    assert reply.status_code == 200, reply.text
+    assert [(v["reason"], v["superseded_by"]) for v in reply.json()["decisions"]] == \
+        [("superseded", "2"), (None, None), (None, None)]
     from memprune.scorer import Scorer
 
     scored = _post(url, "/v1/score", {"texts": BULLETS[:3]}).json()

@@ -99,9 +99,9 @@ def scorer_identity(path: str, scorer: Any) -> dict[str, Any]:
 
 
 def verdicts_of(ids: list[str], scores: Any, keep: Any, reason: Any, duplicate_of: list[str | None],
-                effective: Any = None) -> list[Verdict]:
+                effective: Any = None, superseded_by: list[str | None] | None = None) -> list[Verdict]:
     return [Verdict(id=ids[i], keep=bool(keep[i]), reason=reason[i], score=float(scores[i]),
-                    duplicate_of=duplicate_of[i],
+                    duplicate_of=duplicate_of[i], superseded_by=None if superseded_by is None else superseded_by[i],
                     effective_score=None if effective is None else float(effective[i])) for i in range(len(ids))]
 
 
@@ -192,8 +192,9 @@ class MemPruneService:
         scores, d = await self._in_thread(pruner.decisions, [b.mapping() for b in req.bullets])
         ids = [b.id if b.id is not None else str(i) for i, b in enumerate(req.bullets)]
         dup = [ids[j] if j >= 0 else None for j in d.duplicate_of]
+        sup = None if d.superseded_by is None else [ids[j] if j >= 0 else None for j in d.superseded_by]
         return DecideResponse(rule=pruner.rule.describe(), score="calibrated" if pruner.calibrated else "raw",
-                              decisions=verdicts_of(ids, scores, d.keep, d.reason.tolist(), dup, d.effective))
+                              decisions=verdicts_of(ids, scores, d.keep, d.reason.tolist(), dup, d.effective, sup))
 
     @api.post("/v1/prune", response_model=PruneResponse)
     async def prune(self, req: PruneRequest, request: Request) -> PruneResponse:
@@ -245,6 +246,8 @@ class MemPruneService:
                              decisions=verdicts_of(col("bullet_id"), col("score"), keep, col("reason"),
                                                    col("duplicate_of"),
                                                    col("effective_score") if "effective_score" in decided.column_names
+                                                   else None,
+                                                   col("superseded_by") if "superseded_by" in decided.column_names
                                                    else None))
 
 

@@ -60,6 +60,7 @@ class Verdict(BaseModel):
     reason: str | None = Field(description="why it goes (below_threshold, over_top_k, over_budget, duplicate, ...)")
     score: float
     duplicate_of: str | None = Field(None, description="the id of the bullet it duplicates")
+    superseded_by: str | None = Field(None, description="with supersession: the id of the later bullet that updates it")
     effective_score: float | None = Field(None, description="with retention: score x retention")
 
 

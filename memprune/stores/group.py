@@ -58,7 +58,9 @@ def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path, batch:
         return {"deleted": 0, "archive": None}
     ids = dropped.column("bullet_id").to_pylist()
     dec = pa.table({"id": dropped.column("bullet_id"), "score": dropped.column("score"),
-                    "reason": dropped.column("reason"), "duplicate_of": dropped.column("duplicate_of")})
+                    "reason": dropped.column("reason"), "duplicate_of": dropped.column("duplicate_of"),
+                    **({"superseded_by": dropped.column("superseded_by")}
+                       if "superseded_by" in dropped.column_names else {})})
     records = archive_records(store, dec, ids)
     key = fingerprint(decided.num_rows, record_key(decided.column("bullet_id").to_pylist(),
                                                    decided.column("hash").to_pylist()))
