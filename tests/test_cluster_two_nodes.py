@@ -161,11 +161,15 @@ def test_prune_on_s3_killed_mid_write_leaves_nothing_a_reader_accepts_and_the_re
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)  # mid-write: workers have put part files under the staging prefix
     proc.wait(timeout=30)
-    assert not (root / ".memprune.json").exists() and not (root / "pruned").exists()  # nothing committed
+    marker = root / ".memprune.json"  # a small job may already be committing when the kill lands: never "done"
+    if marker.exists():
+        assert json.loads(marker.read_text())["state"] == "committing"
+    else:
+        assert not (root / "pruned").exists()  # nothing committed
     try:
         read_pruned(out)
     except Exception as exc:  # no reader accepts the half-written set
-        assert "no pruned store here" in str(exc)
+        assert "no pruned store here" in str(exc) or "did not finish" in str(exc), exc
     else:
         raise AssertionError("a reader accepted a half-written output set")
     again = _prune(address, *args[:-4])
