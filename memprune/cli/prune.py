@@ -13,6 +13,17 @@ import typer
 from memprune.cli.common import CONFIG, SET, _top_k, app, console, fail, run_stage, user_errors
 
 
+# the supersession options `prune` and `score` share
+SUPERSEDE = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the same subject that "
+                         "the update JUDGE (slot) says updates an earlier one drops it (reason superseded, column "
+                         "superseded_by).")
+SUPERSEDE_SCOPE = typer.Option(None, "--supersede-scope", help="conversation (a store's user) or session [default: "
+                               "conversation].")
+SUPERSEDE_SUBJECT = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about [default: speaker].")
+SUPERSEDE_BAND = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, below the dedup "
+                              "threshold [default: 0.5:dedup threshold].")
+
+
 @app.command()
 def prune(
     scorer: Optional[str] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors), or its URI (s3://...)."),
@@ -51,15 +62,10 @@ def prune(
                                       "run's start, recorded in prune.json]."),
     usage_log: Optional[str] = typer.Option(None, "--usage-log", help="Usage log (the `usage` label source's format): "
                                             "recalls and last access per bullet."),
-    supersede: Optional[str] = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the "
-                                            "same subject that the update JUDGE (slot) says updates an earlier one "
-                                            "drops it (reason superseded, column superseded_by)."),
-    supersede_scope: Optional[str] = typer.Option(None, "--supersede-scope", help="conversation (a store's user) or "
-                                                  "session [default: conversation]."),
-    supersede_subject: Optional[str] = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about "
-                                                    "[default: speaker]."),
-    supersede_band: Optional[str] = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, "
-                                                 "below the dedup threshold [default: 0.5:dedup threshold]."),
+    supersede: Optional[str] = SUPERSEDE,
+    supersede_scope: Optional[str] = SUPERSEDE_SCOPE,
+    supersede_subject: Optional[str] = SUPERSEDE_SUBJECT,
+    supersede_band: Optional[str] = SUPERSEDE_BAND,
     map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
     apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records of the "
                                                       "decision in --out (decide without --apply first; name the policy)."),
@@ -196,15 +202,10 @@ def score(
     scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory."),
     input: Optional[str] = typer.Option(None, "--input", "-i", help="KIND:LOCATION (table:, lance:, mem0:) or a bullets Parquet path."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: scores.parquet, score.json, score.md."),
-    supersede: Optional[str] = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the "
-                                            "same subject that the update JUDGE (slot) says updates an earlier one "
-                                            "drops it (reason superseded, column superseded_by)."),
-    supersede_scope: Optional[str] = typer.Option(None, "--supersede-scope", help="conversation (a store's user) or "
-                                                  "session [default: conversation]."),
-    supersede_subject: Optional[str] = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about "
-                                                    "[default: speaker]."),
-    supersede_band: Optional[str] = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, "
-                                                 "below the dedup threshold [default: 0.5:dedup threshold]."),
+    supersede: Optional[str] = SUPERSEDE,
+    supersede_scope: Optional[str] = SUPERSEDE_SCOPE,
+    supersede_subject: Optional[str] = SUPERSEDE_SUBJECT,
+    supersede_band: Optional[str] = SUPERSEDE_BAND,
     map_: Optional[str] = typer.Option(None, "--map", help="Store columns: id=COL,text=COL,group=COL,time=COL."),
     write: Optional[bool] = typer.Option(None, "--write/--no-write", help="Write memprune_score into the store [default: write]."),
     config: Optional[Path] = CONFIG,
