@@ -5,8 +5,8 @@ mounted over pytest's base temporary directory: it cannot see any of the test's 
 as a second machine cannot, and that tmpfs is its only disk (its Ray session dir and memprune's cache go
 there). The software's install stays visible, as a machine image would. The prune job then runs from a driver on the head: with local
 paths it stops before any work with the one line that names the path and the node; with every input and output
-on S3 it runs on both nodes and commits its outputs in the bucket. The pipeline with `out=s3://` trains stage 2 on
-the worker node (its Ray label), which cannot see the driver's staging dir, and commits every step in the bucket.
+on S3 it runs on both nodes and commits its outputs in the bucket. The pipeline with `out=s3://`, submitted to the
+head's job server with `ray job submit`, trains stage 2 on the worker node (its Ray label), which cannot see the driver's staging dir, and commits every step in the bucket.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import upload
-from test_ray_job import TINY_TRAIN, free_ports
+from test_ray_job import TINY_TRAIN, free_ports, submit
 
 from memprune.storage import location
 
@@ -63,18 +63,20 @@ def _alive_nodes(address: str) -> int:
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
-    """(GCS address, the worker node's process): a head and a worker node with a private /tmp."""
+    """(GCS address, the worker node's process, its private dir, the job server's address): a head (with the
+    dashboard's job server, for `ray job submit`) and a worker node with a private disk."""
     probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"mount namespaces are not permitted here: {probe.stderr.decode().strip()[:200]}")
     logs = tmp_path_factory.mktemp("cluster")
     private = tmp_path_factory.getbasetemp()  # every test file is below it; the worker node sees a fresh tmpfs here
-    gcs, *ports = free_ports(14)
+    gcs, dashboard, *ports = free_ports(15)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     head_log, worker_log = open(logs / "head.log", "w"), open(logs / "worker.log", "w")
-    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--include-dashboard=false",
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--include-dashboard=true",
+                             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
                              f"--ray-client-server-port={ports[12]}", *_node_args(ports[:6], (20000, 20999))],
                             stdout=head_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     # the worker node: its own mount namespace, a fresh tmpfs over the tests' files (its session dir and only disk)
@@ -93,7 +95,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
                 pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
                             f"{(logs / 'worker.log').read_text()[-1500:]}")
             time.sleep(2)
-        yield address, worker, private
+        yield address, worker, private, f"http://127.0.0.1:{dashboard}"
     finally:
         _stop(worker)
         _stop(head)
@@ -128,7 +130,7 @@ def _private_files(worker: subprocess.Popen, private: Path) -> list[str]:
 
 def test_local_paths_the_worker_node_cannot_see_are_one_line_before_any_work(two_nodes, scorer_dir: Path,
                                                                               msc_small: Path, tmp_path: Path):
-    address, _, _ = two_nodes
+    address, *_ = two_nodes
     proc = _prune(address, "--scorer", str(scorer_dir), "--input", str(msc_small), "--out", str(tmp_path / "o"))
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.startswith("error:")]
@@ -145,7 +147,7 @@ def test_prune_on_s3_killed_mid_write_leaves_nothing_a_reader_accepts_and_the_re
     from memprune.io import check_committed
     from memprune.prune import MemoryPruner, read_pruned
 
-    address, worker, private = two_nodes
+    address, worker, private, _ = two_nodes
     store = upload(msc_small / "bullets.parquet", f"{bucket}/store/bullets.parquet")
     scorer = upload(scorer_dir, f"{bucket}/scorer")
     out = f"{bucket}/pruned"
@@ -197,7 +199,7 @@ def test_train_with_a_local_out_the_worker_node_cannot_see_is_one_line_before_tr
     from memprune.io import write_table
     from memprune.synth import generate
 
-    address, _, _ = two_nodes
+    address, *_ = two_nodes
     generate(conversations=6, sessions=3, out=tmp_path / "data", seed=1)
     write_table(_labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")), tmp_path / "labels" /
                 "labels.parquet", "labels")
@@ -218,7 +220,7 @@ def test_local_paths_on_a_filesystem_every_node_mounts_pass_the_check(two_nodes,
     import shutil
     import tempfile
 
-    address, _, _ = two_nodes
+    address, *_ = two_nodes
     shared = Path(tempfile.mkdtemp(prefix="memprune-shared-", dir="/dev/shm"))
     try:
         shutil.copytree(scorer_dir, shared / "scorer")
@@ -234,23 +236,26 @@ def test_local_paths_on_a_filesystem_every_node_mounts_pass_the_check(two_nodes,
 
 
 def test_pipeline_on_s3_trains_stage2_on_the_node_without_the_drivers_disk(two_nodes, bucket: str, tmp_path: Path):
-    """The README's cluster command with out=s3://: the stage-2 Ray Train worker runs on the worker node (a label
-    selector puts it there), which cannot see the driver's staging dir; every step is committed in the bucket and
-    the summary names the URI, not the staging dir. The driver's temp dir (its staging dir) is on its own disk."""
-    address, worker, private = two_nodes
+    """The README's cluster command through `ray job submit` with out=s3://: the stage-2 Ray Train worker runs on the
+    worker node (a label selector puts it there), which cannot see the driver's staging dir; every step is committed
+    in the bucket and the summary names the URI, not the staging dir. The job's driver runs on the head, its temp
+    dir (its staging dir) on the head's own disk."""
+    _, worker, private, jobs = two_nodes
     out = f"{bucket}/run"
     key, value = WORKER_LABEL.split("=")
-    proc = subprocess.run(
-        [sys.executable, "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={out}", "corpus.conversations=6",
-         "corpus.sessions=3", "evaluate.figures=false", "prune.progress=false", *TINY_TRAIN,
-         "train.stages=[vanilla,stage1,stage2]", "train.stage2={epochs: 1, batch_size: 32, patience: 1}",
-         "train.ray.num_workers=1", f"train.ray.label_selector={{{key}: {value}}}"],
-        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1],
-        env={**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000",
-             "TMPDIR": str(tmp_path)})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads(proc.stdout)
-    assert summary["report"] == f"{out}/report/report.md" and "memprune-staging-" not in proc.stdout
+    job_id = f"memprune-two-nodes-{tmp_path.name}"
+    submit(jobs, {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
+           job_id, "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={out}", "corpus.conversations=6",
+           "corpus.sessions=3", "evaluate.figures=false", "prune.progress=false", *TINY_TRAIN,
+           "train.stages=[vanilla,stage1,stage2]", "train.stage2={epochs: 1, batch_size: 32, patience: 1}",
+           "train.ray.num_workers=1", f"train.ray.label_selector={{{key}: {value}}}",
+           entry=("env", f"TMPDIR={tmp_path}", "python"))  # the driver's temp dir: on the head's own disk
+    from ray.job_submission import JobSubmissionClient
+
+    log = JobSubmissionClient(jobs).get_job_logs(job_id)
+    lines = log.splitlines()
+    summary = json.loads("\n".join(lines[max(i for i, ln in enumerate(lines) if ln == "{"):]))  # the job's summary
+    assert summary["report"] == f"{out}/report/report.md" and "memprune-staging-" not in json.dumps(summary)
     assert (location(out) / "report" / "report.md").exists()
     for step in ("data", "label", "train", "report", "prune"):
         assert summary["steps"][{"report": "evaluate"}.get(step, step)]["dir"] == f"{out}/{step}"

@@ -96,12 +96,14 @@ TINY_TRAIN = ["train.stages=[vanilla,stage1]", "train.seeds=[0]", "train.max_len
               "train.ray.num_workers=0", "train.embed.actors=1"]
 
 
-def submit(address: str, env: dict, job_id: str, *args: str, wait: bool = True) -> None:
-    """`ray job submit --working-dir REPO -- python jobs/...`; waiting for it, it must succeed (`finish`)."""
+def submit(address: str, env: dict, job_id: str, *args: str, wait: bool = True, entry: tuple[str, ...] = ("python",)
+           ) -> None:
+    """`ray job submit --working-dir REPO -- python jobs/...` (`entry` before the args: the entrypoint is a shell
+    command); waiting for it, it must succeed (`finish`)."""
     proc = subprocess.run(
         [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
          "--runtime-env-json", json.dumps(RUNTIME_ENV), "--submission-id", job_id, *([] if wait else ["--no-wait"]),
-         "--", "python", *args],
+         "--", *entry, *args],
         capture_output=True, text=True, env=env, timeout=480,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
