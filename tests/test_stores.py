@@ -505,3 +505,25 @@ def test_a_ray_that_cannot_start_is_one_line(scorer_dir, msc_small, tmp_path) ->
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and "cannot start a local Ray instance" in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_store_of_several_files_read_by_ray_tasks_equals_the_same_records_read_here(ray_local, tmp_path) -> None:
+    """Export reads a store of several partitions with one Ray Data task each, and a store of one partition on the
+    driver: the same records give the same bullets, rejects and fingerprint either way."""
+    from memprune.stores.base import open_store
+    from memprune.stores.export import export
+
+    rows = [{"id": f"{i:04d}", "text": None if i == 7 else f"Memory {i}.", "user": f"u{i % 3}"} for i in range(1, 13)]
+    one, many = tmp_path / "one", tmp_path / "many"
+    one.mkdir()
+    many.mkdir()
+    (one / "mem.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for k in range(3):
+        (many / f"mem-{k}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[k::3]))
+    got = {}
+    for name, d in (("one", one), ("many", many)):
+        store = open_store("table", str(d), {"group": "user"})
+        assert len(store.partitions()) == (1 if name == "one" else 3)
+        e = export(store, tmp_path / f"work-{name}")
+        got[name] = (pq.read_table(e.bullets).to_pylist(), e.rejects, e.fingerprint, e.usable)
+    assert got["one"] == got["many"] and got["one"][3] == 11 and [r["id"] for r in got["one"][1]] == ["0007"]

@@ -1,7 +1,8 @@
 """Read a store into memprune's bullets layout, partitioned on Ray Data, and fingerprint it.
 
 1. normal form: each partition of the store (a Ray Data read task per partition, `StoreDatasource`;
-   stores that allow one reader only, like a local Qdrant, stream on the driver) -> Parquet;
+   a store of one partition (a single CSV/JSONL file) and stores that allow one reader only, like a local Qdrant,
+   stream on the driver) -> Parquet;
 2. one streaming pass on the driver: rejects (counted, with their reasons), duplicate ids, the
    fingerprint (count + order-free sum of per-record hashes of id and text);
 3. Ray Data: usable rows -> bullets columns (`bullet_id`=id, `conversation_id`=group, `time` (with
@@ -61,12 +62,13 @@ def fingerprint(count: int, key: int) -> str:
     return f"{count}-{key:016x}"
 
 
-def store_datasource(store: Store) -> Any:
-    """A Ray Data `Datasource` with one read task per store partition, in the normal form."""
+def store_datasource(store: Store, parts: list[Callable[[], Iterator[pa.RecordBatch]]] | None = None) -> Any:
+    """A Ray Data `Datasource` with one read task per store partition (`parts`: `store.partitions()`), in the normal
+    form."""
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
 
-    parts = store.partitions()
+    parts = store.partitions() if parts is None else parts
 
     def make(part: Callable[[], Iterator[pa.RecordBatch]]) -> Callable[[], Iterator[pa.Table]]:
         def read() -> Iterator[pa.Table]:
@@ -154,13 +156,15 @@ def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int =
     normal.mkdir(parents=True)
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
-    if store.parallel:
-        ray.data.read_datasource(store_datasource(store), num_cpus=io_cpus).write_parquet(
+    parts = store.partitions() if store.parallel else [store.read]
+    if len(parts) > 1:  # one Ray Data read task per partition
+        ray.data.read_datasource(store_datasource(store, parts), num_cpus=io_cpus).write_parquet(
             str(normal), ray_remote_args={"num_cpus": io_cpus})
-    else:
+    else:  # one reader only, or one partition (a task would read it alone, after starting a worker): here
         with pq.ParquetWriter(normal / "part-00000.parquet", NORMAL) as writer:
-            for batch in store.read():
-                writer.write_batch(batch)
+            for part in parts:
+                for batch in part():
+                    writer.write_batch(batch)
     timing["read_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
     files = sorted(normal.glob("*.parquet"))
