@@ -79,6 +79,32 @@ def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_b
     assert d.superseded_by.tolist() == [1, -1, -1, -1] and d.reason_counts()["superseded"] == 1
 
 
+def test_the_superseding_bullet_ranks_with_at_least_the_score_of_what_it_supersedes():
+    from memprune.prune.policy import apply_policy
+
+    rule = PruneRule.of(top_k=1, threshold=0.0, min_keep=0, dedup=False)
+    scores, codes = np.array([0.9, 0.2, 0.5, 0.1]), np.array([0, 1, 1, 2])  # sessions: [0], [1, 2], [3]
+    plain = apply_policy(scores, codes, rule)
+    assert plain.keep.tolist() == [True, False, True, True]
+    d = apply_policy(scores, codes, rule, superseded_by=np.array([1, -1, -1, -1]))  # 1 updates 0: ranks with 0.9
+    assert d.keep.tolist() == [False, True, False, True] and d.reason.tolist() == ["superseded", None, "over_top_k",
+                                                                                   None]
+    chain = apply_policy(scores, codes, PruneRule.of(threshold=0.3, min_keep=0, dedup=False),
+                         superseded_by=np.array([1, 3, -1, -1]))  # 0 -> 1 -> 3: 3 inherits 0.9 over its 0.1
+    assert chain.keep.tolist() == [False, False, True, True]
+
+
+def test_slot_judge_weights_are_safetensors_and_another_width_is_one_line():
+    from memprune.prune.updates import Pairs, slot
+
+    w = slot.weights()
+    assert slot.WEIGHTS.suffix == ".safetensors" and w["mean"].shape == (384 * slot.N_VEC + slot.N_TEXT,)
+    pairs = Pairs(["Nora lives in Lima."], ["Nora lives in Oslo."], np.array([0.7]),
+                  lambda texts: np.ones((len(texts), 8), dtype=np.float32))
+    with pytest.raises(ValueError, match="fitted on 384-dimensional embeddings; this scorer's encoder gives 8"):
+        slot.judge(pairs)
+
+
 def test_slot_judge_readme_example(scorer_dir):
     memory = [{"text": "Nora lives in Lima.", "speaker": "Nora", "conversation_id": "u1", "time": "2024-01-05"},
               {"text": "Nora has a cat named Mochi.", "speaker": "Nora", "conversation_id": "u1", "time": "2024-01-05"},
