@@ -16,8 +16,9 @@ marks bullets `superseded`.
   slots) and conditional on the decision keeping the slot at all (any of its bullets)
 
 `--fit` first fits the `slot` judge's network (one hidden layer, torch) on the candidate pairs of a seed-0 corpus
-(`--fit-conversations`, 300; seed 0 is never a measured seed) and writes the judge's weights (`memprune/prune/updates/slot.safetensors`), which the
-measurement then reads.
+(`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold (best pair F1) on the next
+third as many seed-0 conversations, and writes the judge's weights (`memprune/prune/updates/slot.safetensors`),
+which the measurement then reads.
 
     python bench/lifecycle_bench.py --conversations 120 --updates 0.3 --seed 1 2 [--fit]
 """
@@ -56,14 +57,16 @@ class Cached:
         return self.scorer.score_embeddings(emb)
 
 
-def corpus(conversations: int, updates: float, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Bullets as mappings (the columns the decision reads) and per-bullet ground truth."""
+def corpus(conversations: int, updates: float, seed: int,
+           first: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Bullets as mappings (the columns the decision reads) and per-bullet ground truth, of the conversations
+    numbered first, first + 1, ..."""
     from memprune.synth.config import SynthSettings
     from memprune.synth.generator import synth_conversation
 
-    settings = SynthSettings(conversations=conversations, updates=updates, seed=seed)
+    settings = SynthSettings(conversations=first + conversations, updates=updates, seed=seed)
     rows, slot, stale, newest = [], [], [], []
-    for i in range(conversations):
+    for i in range(first, first + conversations):
         conv = synth_conversation(i, settings)
         times = {s.session_index: s.time for s in conv.sessions}
         upd = {b.slot: b.session_index for b in conv.bullets if b.update_of is not None}
@@ -96,16 +99,20 @@ def judge_pairs(rows: list[dict[str, Any]], a: np.ndarray, b: np.ndarray, c: np.
     return Pairs([rows[i]["text"] for i in a], [rows[j]["text"] for j in b], c, encode, emb[a], emb[b])
 
 
-def fit(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray, encode: Any, high: float,
-        path: Path, hidden: int = 128, dropout: float = 0.5, epochs: int = 15) -> dict[str, Any]:
-    """Fit the slot judge's network on these (seed 0) candidate pairs and write its weights to `path`."""
+def fit(data: Any, held_out: Any, encode: Any, high: float, path: Path, hidden: int = 128, dropout: float = 0.5,
+        epochs: int = 15) -> dict[str, Any]:
+    """Fit the slot judge's network on the candidate pairs of `data` (rows, truth, embeddings of seed 0), choose its
+    threshold (best pair F1) on `held_out` (other seed-0 conversations) and write its weights to `path`."""
     import torch
     from safetensors.numpy import save_file
 
-    from memprune.prune.updates.slot import features
+    from memprune.prune.updates.slot import features, probability
 
-    a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), high)
-    x = features(judge_pairs(rows, a, b, c, emb, encode))
+    def pairs(rows: Any, truth: Any, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), high)
+        return features(judge_pairs(rows, a, b, c, emb, encode)), y
+
+    x, y = pairs(*data)
     mean, scale = x.mean(0), np.maximum(x.std(0), 1e-6)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(),
@@ -123,13 +130,19 @@ def fit(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray, enco
             total += float(loss.detach()) * len(i)
         print(f"fit: epoch {epoch + 1}/{epochs} loss {total / len(xt):.4f}", flush=True)
     w = {k: v.detach().numpy() for k, v in net.state_dict().items()}
-    save_file({"mean": mean, "scale": scale.astype(np.float32), "w1": w["1.weight"], "b1": w["1.bias"],
-               "w2": w["3.weight"][0], "b2": w["3.bias"]}, str(path),
+    w = {"mean": mean, "scale": scale.astype(np.float32), "w1": w["1.weight"], "b1": w["1.bias"],
+         "w2": w["3.weight"][0], "b2": w["3.bias"]}
+    xh, yh = pairs(*held_out)
+    p = probability(xh, w)
+    f1 = {t: 2 * float(((p >= t) & yh).sum()) / max(int((p >= t).sum() + yh.sum()), 1) for t in np.arange(1, 10) / 10}
+    threshold = max(f1, key=f1.get)
+    print(f"fit: held-out pair F1 by threshold {json.dumps({f'{t:.1f}': round(v, 3) for t, v in f1.items()})}")
+    save_file({**w, "threshold": np.array([threshold], dtype=np.float32)}, str(path),
               metadata={"fitted_on": f"memprune synth --updates, seed {FIT_SEED}", "pairs": str(len(y)),
                         "updates": str(int(y.sum())), "hidden": str(hidden), "dropout": str(dropout),
                         "epochs": str(epochs)})
     return {"path": str(path), "pairs": int(len(y)), "updates": int(y.sum()), "hidden": hidden, "dropout": dropout,
-            "epochs": epochs}
+            "epochs": epochs, "threshold": threshold, "held_out_pairs": int(len(yh)), "held_out_f1": f1[threshold]}
 
 
 def measure(pruner_for: Any, rows: list[dict[str, Any]], truth: dict[str, Any], low: float) -> dict[str, Any]:
@@ -151,8 +164,8 @@ def newest_kept(keep: np.ndarray, truth: dict[str, Any]) -> dict[str, float]:
         if s is not None and (truth["stale"][i] or truth["newest"][i]):
             slots.setdefault(s, []).append(i)
     kept = np.array([any(keep[i] for i in idx) for idx in slots.values()])
-    ok = np.array([any(keep[i] for i in idx if truth["newest"][i]) and not any(keep[i] for i in idx if truth["stale"][i])
-                   for idx in slots.values()])
+    ok = np.array([any(keep[i] for i in idx if truth["newest"][i])
+                   and not any(keep[i] for i in idx if truth["stale"][i]) for idx in slots.values()])
     return {"slots": len(ok), "slot_kept": float(kept.mean()), "newest_kept": float(ok.mean()),
             "newest_kept_if_slot_kept": float(ok[kept].mean()) if kept.any() else 1.0}
 
@@ -206,7 +219,8 @@ def run_seed(seed: int, args: argparse.Namespace, scorer: Any, high: float) -> d
 def markdown(r: dict[str, Any], high: float) -> str:
     cand, pr, nk = r["candidates"], r["pairs"], r["newest_kept"]
     lines = [f"### seed {r['seed']} ({r['bullets']} bullets, {r['seconds']} s)", "",
-             f"stale bullets {cand['stale']}: with a later new value of their slot {cand['stale_with_new_value_later']}, "
+             f"stale bullets {cand['stale']}: with a later new value of their slot "
+             f"{cand['stale_with_new_value_later']}, "
              f"with one in the band [{min(LOWS)}, {high}) {cand['stale_with_new_value_in_band']}; true pairs by cosine "
              + ", ".join(f"{k} {v}" for k, v in cand["true_pairs_by_cosine"].items()), "",
              f"candidate pairs in the band: {pr['candidates']}, updates {pr['updates']}; judge precision "
@@ -249,9 +263,11 @@ def main() -> None:
     result: dict[str, Any] = {"encoder": base.config.encoder, "conversations": args.conversations,
                               "updates": args.updates}
     if args.fit:
-        rows, truth = corpus(args.fit_conversations, args.updates, FIT_SEED)
-        _, emb = score_and_embed(scorer, [r["text"] for r in rows], 128)
-        result["fitted"] = fit(rows, truth, emb, scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
+        data = []
+        for first, n in ((0, args.fit_conversations), (args.fit_conversations, args.fit_conversations // 3)):
+            rows, truth = corpus(n, args.updates, FIT_SEED, first)
+            data.append((rows, truth, score_and_embed(scorer, [r["text"] for r in rows], 128)[1]))
+        result["fitted"] = fit(*data, scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
         print(f"fitted on seed {FIT_SEED}: {json.dumps(result['fitted'])}", flush=True)
     result["seeds"] = []
     for seed in args.seed:

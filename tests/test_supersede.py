@@ -99,6 +99,7 @@ def test_slot_judge_weights_are_safetensors_and_another_width_is_one_line():
 
     w = slot.weights()
     assert slot.WEIGHTS.suffix == ".safetensors" and w["mean"].shape == (384 * slot.N_VEC + slot.N_TEXT,)
+    assert 0 < w["threshold"][0] < 1
     pairs = Pairs(["Nora lives in Lima."], ["Nora lives in Oslo."], np.array([0.7]),
                   lambda texts: np.ones((len(texts), 8), dtype=np.float32))
     with pytest.raises(ValueError, match="fitted on 384-dimensional embeddings; this scorer's encoder gives 8"):

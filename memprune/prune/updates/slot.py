@@ -6,7 +6,7 @@ cosine of the whole texts, of the two residual spans (what differs), the word ov
 cosine between a residual word of A and one of B, the residual lengths, the shared words after the first (the
 subject)) and five vectors of embeddings: |ea - eb| and ea * eb of the whole texts (the scorer's own
 embeddings: what kind of fact), of the residual spans (what kind of value), and the shared span's own (a frame
-or a value). A small network (one hidden layer) over them says "B updates A" at probability >= 0.5. Its
+or a value). A small network (one hidden layer) over them says "B updates A" at probability >= its threshold. Its
 weights are `slot.safetensors` next to this module (safetensors: no pickle), written by
 `bench/lifecycle_bench.py --fit` on `memprune synth --updates 0.3` (seed 0) with the all-MiniLM-L6-v2 encoder;
 the same bench reports its precision and recall on other seeds. A scorer whose encoder embeds in another
@@ -77,7 +77,7 @@ def _weights(path: str, mtime: float) -> dict[str, np.ndarray]:  # keyed by mtim
 
 
 def weights(path: Path = WEIGHTS) -> dict[str, np.ndarray]:
-    """The fitted network: `mean`, `scale` (standardisation), `w1`, `b1` (hidden layer), `w2`, `b2`."""
+    """The fitted network: `mean`, `scale` (standardisation), `w1`, `b1` (hidden layer), `w2`, `b2`, `threshold`."""
     if not path.exists():
         raise ValueError(f"update judge 'slot': no fitted weights at {path} (bench/lifecycle_bench.py --fit)")
     return _weights(str(path), path.stat().st_mtime)
@@ -94,12 +94,12 @@ def probability(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def judge(pairs: Pairs) -> np.ndarray:
-    """B updates A where the probability is >= 0.5; a pair that differs in no word (or one side only adds
-    words) is never an update."""
+    """B updates A where the probability is >= the fitted threshold; a pair that differs in no word (or one side
+    only adds words) is never an update."""
     if not len(pairs):
         return np.zeros(0, dtype=bool)
-    x = features(pairs)
-    return (probability(x, weights()) >= 0.5) & (x[:, 4] > 0) & (x[:, 5] > 0)
+    x, w = features(pairs), weights()
+    return (probability(x, w) >= w["threshold"][0]) & (x[:, 4] > 0) & (x[:, 5] > 0)
 
 
 ENTRY = register(UpdateJudgeEntry(
