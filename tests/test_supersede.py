@@ -58,6 +58,13 @@ def test_supersession_never_pins_crosses_subjects_or_scopes_or_guesses_time(s):
         assert (by[a] >= 0) == (bool(later) and not s["pinned"][a])
 
 
+def test_an_earlier_restatement_of_a_superseded_fact_goes_with_it():
+    deg = np.radians([0.0, 18.0, 74.6])  # 0 ~ 1 (cosine 0.95, above the band), 1 -> 2 in the band, 0 -> 2 below it
+    emb = np.c_[np.cos(deg), np.sin(deg)].astype(np.float32)
+    args = (np.zeros(3, int), ["N"] * 3, np.array([0.0, 1.0, 2.0]), np.full(3, np.nan), ["t"] * 3, emb, None, None)
+    assert find_superseded(Supersede(judge="yes"), (0.5, 0.9), *args).tolist() == [2, 2, -1]
+
+
 def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_bring_them_back():
     rule = PruneRule.of(top_k=None, threshold=0.0, min_keep=1, dedup=False, pin_field="pin",
                         supersede={"judge": "yes", "low": 0.5})
