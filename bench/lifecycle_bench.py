@@ -1,21 +1,26 @@
 """Benchmark supersession: the built-in update judge on synthetic fact updates, over the similarity band.
 
 A corpus of `memprune synth --updates P` conversations (generated in memory) knows, per bullet, its persona
-fact (slot) and, for the first bullet of a new value, the bullet of the old value it replaces (`update_of`).
-The scorer's encoder embeds every bullet once; then, for each lower edge of the band, the decision's
-supersession step (`MemoryPruner`, scope = conversation, subject = speaker, judge `slot`) marks bullets
-`superseded`. A superseded bullet is stale when its slot got a new value in a later session than its own.
+fact (slot) and whether the slot got a new value in a later session than the bullet's own (the bullet is then
+*stale*: an old value). The scorer's encoder embeds every bullet once (cached); then, for each lower edge of the
+band, the decision's supersession step (`MemoryPruner`, scope = conversation, subject = speaker, judge `slot`)
+marks bullets `superseded`.
 
-- precision = stale superseded / superseded; recall = stale bullets superseded / stale bullets
-  (the old values of updated slots)
-- false supersession = unchanged (current-value) bullets superseded / unchanged bullets
+- candidates: where recall can be lost before the judge: stale bullets with a later bullet of their slot's new
+  value at all, with one in the band, and the cosine of those true pairs
+- pairs: the judge on the candidate pairs of the band (an update: A stale, B the new value of the same slot)
+- precision = stale superseded / superseded; recall = stale bullets superseded / stale bullets (every earlier
+  mention of an old value counts); false supersession = unchanged (current-value) bullets superseded / unchanged
 - newest kept: per updated slot, under a token budget per session, the slot's kept bullets all state its newest
-  value (and one is kept), with supersession vs the same decision without it
+  value and one is kept, with supersession vs the same decision without it; unconditionally (over all updated
+  slots) and conditional on the decision keeping the slot at all (any of its bullets)
 
-`--fit` fits the `slot` judge's logistic model on the candidate pairs of another seed and prints its
-coefficients (to paste into memprune/prune/updates/slot.py), then measures with them.
+`--fit` first fits the `slot` judge's network (one hidden layer, torch) on the candidate pairs of a seed-0 corpus
+(`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold (best pair F1) on the next
+third as many seed-0 conversations, and writes the judge's weights (`memprune/prune/updates/slot.safetensors`),
+which the measurement then reads.
 
-    python bench/lifecycle_bench.py --conversations 120 --updates 0.3 --seed 1 [--fit]
+    python bench/lifecycle_bench.py --conversations 120 --updates 0.3 --seed 1 2 [--fit]
 """
 
 from __future__ import annotations
@@ -33,16 +38,35 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 LOWS = [0.4, 0.5, 0.6, 0.7, 0.8]
+FIT_SEED = 0
 
 
-def corpus(conversations: int, updates: float, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Bullets as mappings (the columns the decision reads) and per-bullet ground truth."""
+class Cached:
+    """The scorer with each text embedded once per run (the decisions below re-embed the same corpus)."""
+
+    def __init__(self, scorer: Any) -> None:
+        self.scorer, self.cache = scorer, {}
+
+    def embed(self, texts: list[str], batch_size: int = 128) -> np.ndarray:
+        new = list(dict.fromkeys(t for t in texts if t not in self.cache))
+        if new:
+            self.cache.update(zip(new, self.scorer.embed(new, batch_size=batch_size)))
+        return np.array([self.cache[t] for t in texts], dtype=np.float32)
+
+    def score_embeddings(self, emb: np.ndarray) -> np.ndarray:
+        return self.scorer.score_embeddings(emb)
+
+
+def corpus(conversations: int, updates: float, seed: int,
+           first: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Bullets as mappings (the columns the decision reads) and per-bullet ground truth, of the conversations
+    numbered first, first + 1, ..."""
     from memprune.synth.config import SynthSettings
     from memprune.synth.generator import synth_conversation
 
-    settings = SynthSettings(conversations=conversations, updates=updates, seed=seed)
+    settings = SynthSettings(conversations=first + conversations, updates=updates, seed=seed)
     rows, slot, stale, newest = [], [], [], []
-    for i in range(conversations):
+    for i in range(first, first + conversations):
         conv = synth_conversation(i, settings)
         times = {s.session_index: s.time for s in conv.sessions}
         upd = {b.slot: b.session_index for b in conv.bullets if b.update_of is not None}
@@ -50,8 +74,7 @@ def corpus(conversations: int, updates: float, seed: int) -> tuple[list[dict[str
             rows.append({"bullet_id": b.bullet_id, "text": b.text, "speaker": b.speaker,
                          "conversation_id": conv.conversation_id, "session_index": b.session_index,
                          "time": times[b.session_index]})
-            key = None if b.slot is None else (conv.conversation_id, b.slot)
-            slot.append(key)
+            slot.append(None if b.slot is None else (conv.conversation_id, b.slot))
             stale.append(b.slot in upd and b.session_index < upd[b.slot])
             newest.append(b.slot in upd and b.session_index >= upd[b.slot])
     return rows, {"slot": slot, "stale": np.array(stale), "newest": np.array(newest)}
@@ -59,8 +82,7 @@ def corpus(conversations: int, updates: float, seed: int) -> tuple[list[dict[str
 
 def pairs_of(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray, low: float, high: float) -> Any:
     """The step's candidate pairs (every bullet a representative, none pinned) and whether each is an update."""
-    from memprune.prune.lifecycle import life_of_mappings
-    from memprune.prune.lifecycle import Retention
+    from memprune.prune.lifecycle import Retention, life_of_mappings
     from memprune.prune.supersede import Supersede, candidates
 
     life = life_of_mappings(rows, None, Retention(), supersede=Supersede(judge="slot"))
@@ -70,17 +92,57 @@ def pairs_of(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray,
     return a, b, c, y
 
 
-def fit(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray, encode: Any, low: float,
-        high: float) -> tuple[np.ndarray, float]:
-    from sklearn.linear_model import LogisticRegression
-
+def judge_pairs(rows: list[dict[str, Any]], a: np.ndarray, b: np.ndarray, c: np.ndarray, emb: np.ndarray,
+                encode: Any) -> Any:
     from memprune.prune.updates import Pairs
-    from memprune.prune.updates.slot import features
 
-    a, b, c, y = pairs_of(rows, truth, emb, low, high)
-    x = features(Pairs([rows[i]["text"] for i in a], [rows[j]["text"] for j in b], c, encode))
-    model = LogisticRegression(C=10.0, max_iter=5000).fit(x, y)
-    return model.coef_[0], float(model.intercept_[0])
+    return Pairs([rows[i]["text"] for i in a], [rows[j]["text"] for j in b], c, encode, emb[a], emb[b])
+
+
+def fit(data: Any, held_out: Any, encode: Any, high: float, path: Path, hidden: int = 128, dropout: float = 0.5,
+        epochs: int = 15) -> dict[str, Any]:
+    """Fit the slot judge's network on the candidate pairs of `data` (rows, truth, embeddings of seed 0), choose its
+    threshold (best pair F1) on `held_out` (other seed-0 conversations) and write its weights to `path`."""
+    import torch
+    from safetensors.numpy import save_file
+
+    from memprune.prune.updates.slot import features, probability
+
+    def pairs(rows: Any, truth: Any, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), high)
+        return features(judge_pairs(rows, a, b, c, emb, encode)), y
+
+    x, y = pairs(*data)
+    mean, scale = x.mean(0), np.maximum(x.std(0), 1e-6)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(),
+                              torch.nn.Linear(hidden, 1))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2)
+    xt, yt = torch.tensor((x - mean) / scale, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+    for epoch in range(epochs):
+        perm, total = torch.randperm(len(xt)), 0.0
+        for k in range(0, len(xt), 256):
+            i = perm[k:k + 256]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(net(xt[i])[:, 0], yt[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(i)
+        print(f"fit: epoch {epoch + 1}/{epochs} loss {total / len(xt):.4f}", flush=True)
+    w = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+    w = {"mean": mean, "scale": scale.astype(np.float32), "w1": w["1.weight"], "b1": w["1.bias"],
+         "w2": w["3.weight"][0], "b2": w["3.bias"]}
+    xh, yh = pairs(*held_out)
+    p = probability(xh, w)
+    f1 = {t: 2 * float(((p >= t) & yh).sum()) / max(int((p >= t).sum() + yh.sum()), 1) for t in np.arange(1, 10) / 10}
+    threshold = max(f1, key=f1.get)
+    print(f"fit: held-out pair F1 by threshold {json.dumps({f'{t:.1f}': round(v, 3) for t, v in f1.items()})}")
+    save_file({**w, "threshold": np.array([threshold], dtype=np.float32)}, str(path),
+              metadata={"fitted_on": f"memprune synth --updates, seed {FIT_SEED}", "pairs": str(len(y)),
+                        "updates": str(int(y.sum())), "hidden": str(hidden), "dropout": str(dropout),
+                        "epochs": str(epochs)})
+    return {"path": str(path), "pairs": int(len(y)), "updates": int(y.sum()), "hidden": hidden, "dropout": dropout,
+            "epochs": epochs, "threshold": threshold, "held_out_pairs": int(len(yh)), "held_out_f1": f1[threshold]}
 
 
 def measure(pruner_for: Any, rows: list[dict[str, Any]], truth: dict[str, Any], low: float) -> dict[str, Any]:
@@ -94,91 +156,127 @@ def measure(pruner_for: Any, rows: list[dict[str, Any]], truth: dict[str, Any], 
             "false_supersession_pct": 100.0 * (sup & unchanged).sum() / unchanged.sum()}
 
 
-def newest_kept(keep: np.ndarray, truth: dict[str, Any]) -> float:
-    """Share of updated slots whose kept bullets all state the newest value (and at least one is kept)."""
+def newest_kept(keep: np.ndarray, truth: dict[str, Any]) -> dict[str, float]:
+    """Over updated slots: kept at all (any bullet), newest kept (the kept bullets all state the newest value and
+    one is kept), and newest kept among the slots kept at all."""
     slots: dict[Any, list[int]] = {}
     for i, s in enumerate(truth["slot"]):
         if s is not None and (truth["stale"][i] or truth["newest"][i]):
             slots.setdefault(s, []).append(i)
-    ok = [any(keep[i] for i in idx if truth["newest"][i]) and not any(keep[i] for i in idx if truth["stale"][i])
-          for idx in slots.values()]
-    return float(np.mean(ok)) if ok else 1.0
+    kept = np.array([any(keep[i] for i in idx) for idx in slots.values()])
+    ok = np.array([any(keep[i] for i in idx if truth["newest"][i])
+                   and not any(keep[i] for i in idx if truth["stale"][i]) for idx in slots.values()])
+    return {"slots": len(ok), "slot_kept": float(kept.mean()), "newest_kept": float(ok.mean()),
+            "newest_kept_if_slot_kept": float(ok[kept].mean()) if kept.any() else 1.0}
+
+
+def candidate_counts(a: np.ndarray, b: np.ndarray, c: np.ndarray, y: np.ndarray, truth: dict[str, Any],
+                     band: tuple[float, float]) -> dict[str, Any]:
+    """Where recall is lost before the judge: stale bullets with a true partner (a later bullet of the slot's new
+    value) at all, with one in the band; the true pairs by cosine."""
+    stale = truth["stale"]
+    partner, in_band = np.zeros(len(stale), bool), np.zeros(len(stale), bool)
+    partner[a[y]] = True
+    in_band[a[y & (c >= band[0]) & (c < band[1])]] = True
+    edges = [-1.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, band[1], 1.01]
+    return {"stale": int(stale.sum()), "stale_with_new_value_later": int(partner[stale].sum()),
+            "stale_with_new_value_in_band": int(in_band[stale].sum()), "true_pairs": int(y.sum()),
+            "true_pairs_by_cosine": {f"[{lo:g}, {hi:g})": int((y & (c >= lo) & (c < hi)).sum())
+                                     for lo, hi in zip(edges, edges[1:])}}
+
+
+def run_seed(seed: int, args: argparse.Namespace, scorer: Any, high: float) -> dict[str, Any]:
+    from memprune.prune import MemoryPruner, score_and_embed
+    from memprune.prune.updates import slot
+
+    t0 = time.perf_counter()
+    rows, truth = corpus(args.conversations, args.updates, seed)
+    _, emb = score_and_embed(scorer, [r["text"] for r in rows], 128)
+    out: dict[str, Any] = {"seed": seed, "bullets": len(rows)}
+    a, b, c, y = pairs_of(rows, truth, emb, -1.0, 1.01)  # every time-ordered same-subject pair
+    out["candidates"] = candidate_counts(a, b, c, y, truth, (min(LOWS), high))
+    band = (c >= min(LOWS)) & (c < high)
+    a, b, c, y = a[band], b[band], c[band], y[band]
+    verdict = slot.judge(judge_pairs(rows, a, b, c, emb, scorer.embed))
+    tp = int((verdict & y).sum())
+    out["pairs"] = {"candidates": int(len(y)), "updates": int(y.sum()), "judged_updates": int(verdict.sum()),
+                    "precision": tp / max(int(verdict.sum()), 1), "recall": tp / max(int(y.sum()), 1)}
+
+    def pruner(low: float) -> MemoryPruner:
+        return MemoryPruner(scorer, supersede={"judge": "slot", "low": low}, min_keep=0, threshold=0.0)
+
+    out["band"] = [measure(pruner, rows, truth, low) for low in LOWS]
+    groups = [(r["conversation_id"], r["session_index"]) for r in rows]
+    out["newest_kept"] = {"budget_tokens_per_session": args.budget}
+    for name, on in (("with", True), ("without", False)):
+        p = MemoryPruner(scorer, supersede={"judge": "slot"} if on else {}, budget_tokens=args.budget,
+                         tokenizer="whitespace")
+        out["newest_kept"][name] = newest_kept(p.decisions(rows, groups)[1].keep, truth)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def markdown(r: dict[str, Any], high: float) -> str:
+    cand, pr, nk = r["candidates"], r["pairs"], r["newest_kept"]
+    lines = [f"### seed {r['seed']} ({r['bullets']} bullets, {r['seconds']} s)", "",
+             f"stale bullets {cand['stale']}: with a later new value of their slot "
+             f"{cand['stale_with_new_value_later']}, "
+             f"with one in the band [{min(LOWS)}, {high}) {cand['stale_with_new_value_in_band']}; true pairs by cosine "
+             + ", ".join(f"{k} {v}" for k, v in cand["true_pairs_by_cosine"].items()), "",
+             f"candidate pairs in the band: {pr['candidates']}, updates {pr['updates']}; judge precision "
+             f"{pr['precision']:.3f}, recall {pr['recall']:.3f}", "",
+             "| band low (high %g) | superseded | precision | recall | false supersession |" % high,
+             "|---|---|---|---|---|"]
+    lines += [f"| {b['low']:.1f} | {b['superseded']} | {b['precision']:.3f} | {b['recall']:.3f} | "
+              f"{b['false_supersession_pct']:.2f}% |" for b in r["band"]]
+    lines += ["", f"| budget {nk['budget_tokens_per_session']} tokens/session | slot kept at all | newest kept | "
+              "newest kept, slot kept |", "|---|---|---|---|"]
+    lines += [f"| {name} supersession | {nk[name]['slot_kept']:.3f} | {nk[name]['newest_kept']:.3f} | "
+              f"{nk[name]['newest_kept_if_slot_kept']:.3f} |" for name in ("with", "without")]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--conversations", type=int, default=120)
     ap.add_argument("--updates", type=float, default=0.3)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--fit", action="store_true", help="fit the slot judge on seed 0 first and use it")
+    ap.add_argument("--seed", type=int, nargs="+", default=[1], help="the corpora measured (not 0: --fit's)")
+    ap.add_argument("--fit", action="store_true", help="fit the slot judge on seed 0 first and write its weights")
+    ap.add_argument("--fit-conversations", type=int, default=300, help="the size of --fit's seed-0 corpus")
     ap.add_argument("--budget", type=int, default=40, help="tokens per session for the newest-kept comparison")
     ap.add_argument("--scorer", default=None, help="a scorer artifact (default: an untrained all-MiniLM-L6-v2 head)")
     ap.add_argument("--out", default="runs/bench-lifecycle")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from memprune.prune import MemoryPruner, score_and_embed
+    from memprune.prune import score_and_embed
     from memprune.prune.config import DEDUP_THRESHOLD
     from memprune.prune.updates import slot
     from memprune.scorer import Scorer, ScorerConfig
 
     if args.scorer:
-        scorer = Scorer.load(args.scorer)
+        base = Scorer.load(args.scorer)
     else:
         from memprune.encoders import minilm_path
 
-        scorer = Scorer.build(ScorerConfig(encoder=minilm_path()), seed=0)
-
-    def encode(texts: list[str]) -> np.ndarray:
-        return scorer.embed(texts, batch_size=128)
-
-    result: dict[str, Any] = {"encoder": scorer.config.encoder, "conversations": args.conversations,
-                              "updates": args.updates, "seed": args.seed}
+        base = Scorer.build(ScorerConfig(encoder=minilm_path()), seed=0)
+    scorer = Cached(base)
+    result: dict[str, Any] = {"encoder": base.config.encoder, "conversations": args.conversations,
+                              "updates": args.updates}
     if args.fit:
-        rows, truth = corpus(args.conversations, args.updates, 0)
-        _, emb = score_and_embed(scorer, [r["text"] for r in rows], 128)
-        coef, intercept = fit(rows, truth, emb, encode, min(LOWS), DEDUP_THRESHOLD)
-        slot.COEF, slot.INTERCEPT = coef, intercept
-        print(f"fitted on seed 0: COEF = np.array({[round(float(x), 4) for x in coef]}); INTERCEPT = {intercept:.4f}")
-        result["fitted"] = {"coef": coef.tolist(), "intercept": intercept}
-    rows, truth = corpus(args.conversations, args.updates, args.seed)
-    t0 = time.perf_counter()
-    _, emb = score_and_embed(scorer, [r["text"] for r in rows], 128)
-    a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), DEDUP_THRESHOLD)
-    from memprune.prune.updates import Pairs
-
-    verdict = slot.judge(Pairs([rows[i]["text"] for i in a], [rows[j]["text"] for j in b], c, encode))
-    tp = int((verdict & y).sum())
-    result["pairs"] = {"candidates": int(len(y)), "updates": int(y.sum()), "judged_updates": int(verdict.sum()),
-                       "precision": tp / max(int(verdict.sum()), 1), "recall": tp / max(int(y.sum()), 1)}
-
-    def pruner(low: float, on: bool = True, **rule: Any) -> MemoryPruner:
-        return MemoryPruner(scorer, supersede={"judge": "slot", "low": low} if on else {}, min_keep=0, threshold=0.0,
-                            **rule)
-
-    result["band"] = [measure(pruner, rows, truth, low) for low in LOWS]
-    groups = [(r["conversation_id"], r["session_index"]) for r in rows]
-    kept = {}
-    for name, on in (("with", True), ("without", False)):
-        p = MemoryPruner(scorer, supersede={"judge": "slot", "low": 0.4} if on else {}, budget_tokens=args.budget,
-                         tokenizer="whitespace")
-        kept[name] = newest_kept(p.decisions(rows, groups)[1].keep, truth)
-    result["newest_kept"] = {"budget_tokens_per_session": args.budget, "with_supersession": kept["with"],
-                             "without": kept["without"]}
-    result["seconds"] = round(time.perf_counter() - t0, 1)
-    print(json.dumps(result, indent=2, default=float))
-    print("\n| band low | superseded | precision | recall | false supersession % |\n|---|---|---|---|---|")
-    for r in result["band"]:
-        print(f"| {r['low']:.1f} | {r['superseded']} | {r['precision']:.3f} | {r['recall']:.3f} | "
-              f"{r['false_supersession_pct']:.2f} |")
-    pr = result["pairs"]
-    print(f"\ncandidate pairs (band [{min(LOWS)}, {DEDUP_THRESHOLD})): {pr['candidates']}, updates {pr['updates']}; "
-          f"judge precision {pr['precision']:.3f}, recall {pr['recall']:.3f}")
-    nk = result["newest_kept"]
-    print(f"newest value kept (budget {args.budget} tokens/session): {nk['with_supersession']:.3f} with supersession, "
-          f"{nk['without']:.3f} without")
+        data = []
+        for first, n in ((0, args.fit_conversations), (args.fit_conversations, args.fit_conversations // 3)):
+            rows, truth = corpus(n, args.updates, FIT_SEED, first)
+            data.append((rows, truth, score_and_embed(scorer, [r["text"] for r in rows], 128)[1]))
+        result["fitted"] = fit(*data, scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
+        print(f"fitted on seed {FIT_SEED}: {json.dumps(result['fitted'])}", flush=True)
+    result["seeds"] = []
+    for seed in args.seed:
+        result["seeds"].append(run_seed(seed, args, scorer, DEDUP_THRESHOLD))
+        print(markdown(result["seeds"][-1], DEDUP_THRESHOLD), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "lifecycle_bench.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    (out / "lifecycle_bench.md").write_text("".join(markdown(r, DEDUP_THRESHOLD) + "\n" for r in result["seeds"]))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,13 @@ def test_supersession_never_pins_crosses_subjects_or_scopes_or_guesses_time(s):
         assert (by[a] >= 0) == (bool(later) and not s["pinned"][a])
 
 
+def test_an_earlier_restatement_of_a_superseded_fact_goes_with_it():
+    deg = np.radians([0.0, 18.0, 74.6])  # 0 ~ 1 (cosine 0.95, above the band), 1 -> 2 in the band, 0 -> 2 below it
+    emb = np.c_[np.cos(deg), np.sin(deg)].astype(np.float32)
+    args = (np.zeros(3, int), ["N"] * 3, np.array([0.0, 1.0, 2.0]), np.full(3, np.nan), ["t"] * 3, emb, None, None)
+    assert find_superseded(Supersede(judge="yes"), (0.5, 0.9), *args).tolist() == [2, 2, -1]
+
+
 def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_bring_them_back():
     rule = PruneRule.of(top_k=None, threshold=0.0, min_keep=1, dedup=False, pin_field="pin",
                         supersede={"judge": "yes", "low": 0.5})
@@ -77,6 +84,33 @@ def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_b
     _, d = MemoryPruner(Embed(), rule=rule).decisions(bullets, groups=[0, 1, 0, 1])
     assert d.reason.tolist() == ["superseded", None, None, None]  # session 0 emptied of N; M's pin survives
     assert d.superseded_by.tolist() == [1, -1, -1, -1] and d.reason_counts()["superseded"] == 1
+
+
+def test_the_superseding_bullet_ranks_with_at_least_the_score_of_what_it_supersedes():
+    from memprune.prune.policy import apply_policy
+
+    rule = PruneRule.of(top_k=1, threshold=0.0, min_keep=0, dedup=False)
+    scores, codes = np.array([0.9, 0.2, 0.5, 0.1]), np.array([0, 1, 1, 2])  # sessions: [0], [1, 2], [3]
+    plain = apply_policy(scores, codes, rule)
+    assert plain.keep.tolist() == [True, False, True, True]
+    d = apply_policy(scores, codes, rule, superseded_by=np.array([1, -1, -1, -1]))  # 1 updates 0: ranks with 0.9
+    assert d.keep.tolist() == [False, True, False, True] and d.reason.tolist() == ["superseded", None, "over_top_k",
+                                                                                   None]
+    chain = apply_policy(scores, codes, PruneRule.of(threshold=0.3, min_keep=0, dedup=False),
+                         superseded_by=np.array([1, 3, -1, -1]))  # 0 -> 1 -> 3: 3 inherits 0.9 over its 0.1
+    assert chain.keep.tolist() == [False, False, True, True]
+
+
+def test_slot_judge_weights_are_safetensors_and_another_width_is_one_line():
+    from memprune.prune.updates import Pairs, slot
+
+    w = slot.weights()
+    assert slot.WEIGHTS.suffix == ".safetensors" and w["mean"].shape == (384 * slot.N_VEC + slot.N_TEXT,)
+    assert 0 < w["threshold"][0] < 1
+    pairs = Pairs(["Nora lives in Lima."], ["Nora lives in Oslo."], np.array([0.7]),
+                  lambda texts: np.ones((len(texts), 8), dtype=np.float32))
+    with pytest.raises(ValueError, match="fitted on 384-dimensional embeddings; this scorer's encoder gives 8"):
+        slot.judge(pairs)
 
 
 def test_slot_judge_readme_example(scorer_dir):

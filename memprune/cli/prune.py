@@ -21,7 +21,7 @@ SUPERSEDE_SCOPE = typer.Option(None, "--supersede-scope", help="conversation (a 
                                "conversation].")
 SUPERSEDE_SUBJECT = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about [default: speaker].")
 SUPERSEDE_BAND = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, below the dedup "
-                              "threshold [default: 0.5:dedup threshold].")
+                              "threshold [default: 0.4:dedup threshold].")
 
 
 @app.command()

@@ -10,7 +10,8 @@ decisions and reasons on the same data. Within each group (session), in this ord
 2. **Supersession** (`rule.supersede`, `memprune.prune.supersede`): within the supersession scope (the
    conversation by default, not the group), a later representative of the same subject that the update judge
    says updates an earlier one supersedes it (`superseded`, `superseded_by`); never a pinned one, never on
-   equal or unknown times.
+   equal or unknown times. The superseding bullet then ranks with at least the effective score of each bullet
+   it supersedes (`inherit`, transitively): the fact's usefulness moves to its current value.
 3. **Expiry** (`retention.max_age`): representatives older than max_age go (`expired`).
 4. **Floor** and **policy** over the remaining bullets, ranked by the *effective* score (the score x
    retention when `retention.half_life` is set, else the score; ties: earlier first): `below_floor`,
@@ -185,6 +186,18 @@ def find_duplicates(
     return dup_of
 
 
+def inherit(e: np.ndarray, superseded_by: np.ndarray, sup: np.ndarray) -> np.ndarray:
+    """The ranking scores after supersession: a bullet ranks at least as high as every bullet it supersedes,
+    transitively (the fact's usefulness moves to its current value)."""
+    e, a = np.array(e, dtype=np.float64), np.flatnonzero(sup)
+    b = superseded_by[a]
+    while True:
+        before = e[b]
+        np.maximum.at(e, b, e[a])
+        if np.array_equal(e[b], before):
+            return e
+
+
 def apply_policy(
     scores: np.ndarray, codes: np.ndarray, rule: "PruneRule", tokens: np.ndarray | None = None,
     duplicate_of: np.ndarray | None = None, order: np.ndarray | None = None, stand: Standing | None = None,
@@ -210,6 +223,8 @@ def apply_policy(
     reason[dup] = DUPLICATE
     sup = np.zeros(n, dtype=bool) if superseded_by is None else ~dup & ~pinned & (np.asarray(superseded_by) >= 0)
     reason[sup] = SUPERSEDED
+    if sup.any():
+        e = inherit(e, np.asarray(superseded_by), sup)
     gone = dup | sup  # merged or outdated: never ranked, never rescued
     expired = ~gone & ~pinned & st.expired
     reason[expired] = EXPIRED

@@ -9,8 +9,9 @@ of one subject (`Supersede.subject`, e.g. `speaker`) that represent their duplic
    duplicate threshold, ordered in time: by the bullets' times when both are known and differ, else by
    their session order when both are known and differ; equal or unknown times are never guessed (no pair);
 2. **the update judge** (`memprune.prune.updates.UPDATE_JUDGES`) says of each pair whether B updates A;
-3. the earlier A of each accepted pair goes, `superseded_by` = the latest B that updates it. A pinned
-   bullet is never superseded (it can still supersede an older one).
+3. the earlier A of each accepted pair goes, `superseded_by` = the latest B that updates it; so does an earlier
+   restatement of A (cosine >= high: the same fact stated again in another session, which the judge never
+   sees), transitively. A pinned bullet is never superseded (it can still supersede an older one).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Supersede(ConfigModel):
     scope: Literal["conversation", "session"] = Field(
         "conversation", description="where an update can supersede: the conversation (a store's user) or the session")
     subject: str = Field("speaker", min_length=1, description="column (mapping key) of whom a fact is about")
-    low: float = Field(0.5, ge=-1.0, le=1.0, description="candidate pairs: cosine >= low")
+    low: float = Field(0.4, ge=-1.0, le=1.0, description="candidate pairs: cosine >= low")
     high: float | None = Field(None, ge=-1.0, le=1.0,
                                description="... and cosine < high (default: the dedup threshold)")
 
@@ -135,8 +136,17 @@ def find_superseded(
     if not len(a):
         return out
     entry = update_judge(str(settings.judge))
-    verdict = np.asarray(entry.judge(Pairs([texts[k] for k in a], [texts[k] for k in b], c, encode)), dtype=bool)
+    emb = np.asarray(embeddings)
+    verdict = np.asarray(entry.judge(Pairs([texts[k] for k in a], [texts[k] for k in b], c, encode, emb[a], emb[b])),
+                         dtype=bool)
     a, b = a[verdict], b[verdict]
     for k in np.lexsort((b, np.nan_to_num(session[b], nan=-np.inf), np.nan_to_num(time[b], nan=-np.inf))):
         out[a[k]] = b[k]  # in time order: the latest B that updates A wins
+    # an earlier restatement of a superseded fact (cosine >= high: the same fact in another session) goes with it
+    r, r2, _ = candidates((band[1], np.inf), scope, subject, time, session, embeddings, duplicate_of, pinned)
+    while len(r):
+        move = (out[r] < 0) & (out[r2] >= 0)
+        if not move.any():
+            return out
+        out[r[move]] = out[r2[move]]
     return out

@@ -10,13 +10,16 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Pairs:
-    """Candidate pairs: the earlier texts `a`, the later texts `b`, their cosine, and the scorer's encoder
-    (`encode(texts) -> embeddings`, None where no encoder is at hand)."""
+    """Candidate pairs: the earlier texts `a`, the later texts `b`, their cosine, the scorer's encoder
+    (`encode(texts) -> embeddings`, None where no encoder is at hand) and the texts' embeddings from the scoring
+    pass (`ea`, `eb`; None: a judge that needs them encodes the texts)."""
 
     a: Sequence[str]
     b: Sequence[str]
     cosine: np.ndarray
     encode: Callable[[list[str]], np.ndarray] | None = None
+    ea: np.ndarray | None = None
+    eb: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.a)

@@ -1,25 +1,32 @@
-"""The built-in update judge `slot`: same slot, different value, from text and the scorer's encoder (no LLM).
+"""The built-in update judge `slot`: same slot, different value, from text and the scorer's embeddings (no LLM).
 
-For a pair (A earlier, B later) the words they share are the slot's frame ("Nora loves ..."), the rest their
-values. Features: the cosine of the whole texts, of the two residual spans (what differs), the word overlap
-(Jaccard), the best cosine between a residual word of A and one of B (values of the same kind: two cuisines,
-two jobs), and the residual lengths. A logistic model over them says "B updates A" at probability >= 0.5;
-its coefficients were fitted by `bench/lifecycle_bench.py --fit` on `memprune synth --updates 0.3` (seed 0)
-with the all-MiniLM-L6-v2 encoder, and its precision and recall are reported by the same bench on another seed.
+For a pair (A earlier, B later) the words they share are the slot's frame ("Nora loves ..."; or the value, when
+a fact is restated in other words), the rest their values. Features (`features`): seven text features (the
+cosine of the whole texts, of the two residual spans (what differs), the word overlap (Jaccard), the best
+cosine between a residual word of A and one of B, the residual lengths, the shared words after the first (the
+subject)) and five vectors of embeddings: |ea - eb| and ea * eb of the whole texts (the scorer's own
+embeddings: what kind of fact), of the residual spans (what kind of value), and the shared span's own (a frame
+or a value). A small network (one hidden layer) over them says "B updates A" at probability >= its threshold. Its
+weights are `slot.safetensors` next to this module (safetensors: no pickle), written by
+`bench/lifecycle_bench.py --fit` on `memprune synth --updates 0.3` (seed 0) with the all-MiniLM-L6-v2 encoder;
+the same bench reports its precision and recall on other seeds. A scorer whose encoder embeds in another
+width is one clear error (refit with `--fit --scorer S`).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 
 from memprune.prune.updates.registry import Pairs, UpdateJudgeEntry, register
 
-# fitted by `bench/lifecycle_bench.py --fit` (see the module docstring); order of `features`
-COEF = np.array([3.3214, 8.3876, 1.2427, 0.6069, -0.3502, -0.2633])
-INTERCEPT = -5.2171
+WEIGHTS = Path(__file__).with_name("slot.safetensors")
+N_TEXT = 7  # the text features, before the five embedding vectors
+N_VEC = 5
 _WORD = re.compile(r"\w+")
 
 
@@ -34,39 +41,67 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def features(pairs: Pairs) -> np.ndarray:
-    """Per pair: [cosine, residual cosine, Jaccard, best residual-word cosine, |residual A|, |residual B|]."""
+    """Per pair: [cosine, residual cosine, Jaccard, best residual-word cosine, |residual A|, |residual B|, |shared|,
+    |ea - eb|, ea * eb, |ra - rb|, ra * rb, s] (e: the texts' embeddings, r: the residual spans', s: the shared
+    span's, the first word left out)."""
     if pairs.encode is None:
         raise ValueError("update judge 'slot' needs the scorer's encoder (a scorer with embed())")
-    n = len(pairs)
-    out = np.zeros((n, 6), dtype=np.float64)
-    if not n:
-        return out
     res = []
     for a, b in zip(pairs.a, pairs.b):
         wa, wb = _words(a), _words(b)
         sa, sb = set(wa), set(wb)
-        jaccard = len(sa & sb) / max(len(sa | sb), 1)
-        res.append(([w for w in wa if w not in sb], [w for w in wb if w not in sa], jaccard))
-    spans = sorted({" ".join(r) or "-" for ra, rb, _ in res for r in (ra, rb)})
-    words = sorted({w for ra, rb, _ in res for w in (*ra, *rb)})
-    emb = dict(zip(spans + words, _unit(pairs.encode(spans + words))))
-    for i, (ra, rb, jac) in enumerate(res):
-        span = float(emb[" ".join(ra) or "-"] @ emb[" ".join(rb) or "-"])
-        best = float(np.max(np.array([emb[w] for w in ra]) @ np.array([emb[w] for w in rb]).T)) if ra and rb else 0.0
-        out[i] = (pairs.cosine[i], span, jac, best, len(ra), len(rb))
+        res.append((" ".join(w for w in wa if w not in sb), " ".join(w for w in wb if w not in sa),
+                    " ".join(w for w in wa[1:] if w in sb), len(sa & sb) / max(len(sa | sb), 1)))
+    spans = {s or "-" for r in res for s in r[:3]}
+    words = {w for ra, rb, _, _ in res for w in f"{ra} {rb}".split()}
+    new = sorted(spans | words | (set() if pairs.ea is not None else {*pairs.a, *pairs.b}))
+    emb = dict(zip(new, _unit(pairs.encode(new)))) if new else {}
+    ea, eb = ((pairs.ea, pairs.eb) if pairs.ea is not None else
+              (np.array([emb[t] for t in pairs.a]), np.array([emb[t] for t in pairs.b])))
+    ea, eb = _unit(ea), _unit(eb)
+    out = np.zeros((len(pairs), N_TEXT + N_VEC * (ea.shape[1] if len(pairs) else 0)), dtype=np.float32)
+    for i, (ra, rb, shared, jac) in enumerate(res):
+        xa, xb, xs = emb[ra or "-"], emb[rb or "-"], emb[shared or "-"]
+        wa, wb = ra.split(), rb.split()
+        best = float(np.max(np.array([emb[w] for w in wa]) @ np.array([emb[w] for w in wb]).T)) if wa and wb else 0.0
+        out[i, :N_TEXT] = (pairs.cosine[i], xa @ xb, jac, best, len(wa), len(wb), len(shared.split()))
+        out[i, N_TEXT:] = np.concatenate([np.abs(ea[i] - eb[i]), ea[i] * eb[i], np.abs(xa - xb), xa * xb, xs])
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _weights(path: str, mtime: float) -> dict[str, np.ndarray]:  # keyed by mtime: a refit file is read again
+    from safetensors.numpy import load_file
+
+    return load_file(path)
+
+
+def weights(path: Path = WEIGHTS) -> dict[str, np.ndarray]:
+    """The fitted network: `mean`, `scale` (standardisation), `w1`, `b1` (hidden layer), `w2`, `b2`, `threshold`."""
+    if not path.exists():
+        raise ValueError(f"update judge 'slot': no fitted weights at {path} (bench/lifecycle_bench.py --fit)")
+    return _weights(str(path), path.stat().st_mtime)
+
+
+def probability(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
+    """P(B updates A) of each pair's features `x`."""
+    if x.shape[1] != len(w["mean"]):
+        raise ValueError(f"update judge 'slot' was fitted on {(len(w['mean']) - N_TEXT) // N_VEC}-dimensional "
+                         f"embeddings; this scorer's encoder gives {(x.shape[1] - N_TEXT) // N_VEC} (refit it: "
+                         "bench/lifecycle_bench.py --fit --scorer S)")
+    h = np.maximum(((x - w["mean"]) / w["scale"]) @ w["w1"].T + w["b1"], 0.0)
+    return 1.0 / (1.0 + np.exp(-(h @ w["w2"] + w["b2"][0])))
+
+
 def judge(pairs: Pairs) -> np.ndarray:
-    """B updates A where the probability is >= 0.5; a pair that differs in no word (or one side only adds
-    words) is never an update."""
+    """B updates A where the probability is >= the fitted threshold; a pair that differs in no word (or one side
+    only adds words) is never an update."""
     if not len(pairs):
         return np.zeros(0, dtype=bool)
-    f = features(pairs)
-    p = 1.0 / (1.0 + np.exp(-(f @ COEF + INTERCEPT)))  # module globals: the bench's --fit replaces them
-    return (p >= 0.5) & (f[:, 4] > 0) & (f[:, 5] > 0)
+    x, w = features(pairs), weights()
+    return (probability(x, w) >= w["threshold"][0]) & (x[:, 4] > 0) & (x[:, 5] > 0)
 
 
 ENTRY = register(UpdateJudgeEntry(
-    "slot", "built-in: same slot (frame and kind of value), different value; a logistic model over text and "
-    "encoder features fitted on synthetic updates", judge, needs_encoder=True))
+    "slot", "built-in: same slot (frame and kind of value), different value; a small network over text features and "
+    "the pair's embeddings, fitted on synthetic updates", judge, needs_encoder=True))
