@@ -1,7 +1,7 @@
 """Read a store into memprune's bullets layout, partitioned on Ray Data, and fingerprint it.
 
 1. normal form: each partition of the store (a Ray Data read task per partition, `StoreDatasource`;
-   a store of one partition (a single CSV/JSONL file) and stores that allow one reader only, like a local Qdrant,
+   a store of one partition (a single file) and stores that allow one reader only, like a local Qdrant,
    stream on the driver) -> Parquet;
 2. one streaming pass on the driver: rejects (counted, with their reasons), duplicate ids, the
    fingerprint (count + order-free sum of per-record hashes of id and text);
@@ -62,13 +62,11 @@ def fingerprint(count: int, key: int) -> str:
     return f"{count}-{key:016x}"
 
 
-def store_datasource(store: Store, parts: list[Callable[[], Iterator[pa.RecordBatch]]] | None = None) -> Any:
-    """A Ray Data `Datasource` with one read task per store partition (`parts`: `store.partitions()`), in the normal
-    form."""
+def store_datasource(store: Store, parts: list[Callable[[], Iterator[pa.RecordBatch]]]) -> Any:
+    """A Ray Data `Datasource` with one read task per partition of `store` (`parts`: its `partitions()`), in the
+    normal form."""
     from ray.data.block import BlockMetadata
     from ray.data.datasource import Datasource, ReadTask
-
-    parts = store.partitions() if parts is None else parts
 
     def make(part: Callable[[], Iterator[pa.RecordBatch]]) -> Callable[[], Iterator[pa.Table]]:
         def read() -> Iterator[pa.Table]:
