@@ -132,7 +132,10 @@ def find_superseded(
         return out
     if embeddings is None:
         raise ValueError("supersession needs the scorer's embeddings (a scorer with embed())")
-    a, b, c = candidates(band, scope, subject, time, session, embeddings, duplicate_of, pinned)
+    # one pass over the pairs: those in the band go to the judge, those above it are restatements (below)
+    pa_, pb, c = candidates((band[0], np.inf), scope, subject, time, session, embeddings, duplicate_of, pinned)
+    judged = c < band[1]
+    a, b, c = pa_[judged], pb[judged], c[judged]
     if not len(a):
         return out
     entry = update_judge(str(settings.judge))
@@ -143,7 +146,7 @@ def find_superseded(
     for k in np.lexsort((b, np.nan_to_num(session[b], nan=-np.inf), np.nan_to_num(time[b], nan=-np.inf))):
         out[a[k]] = b[k]  # in time order: the latest B that updates A wins
     # an earlier restatement of a superseded fact (cosine >= high: the same fact in another session) goes with it
-    r, r2, _ = candidates((band[1], np.inf), scope, subject, time, session, embeddings, duplicate_of, pinned)
+    r, r2 = pa_[~judged], pb[~judged]
     while len(r):
         move = (out[r] < 0) & (out[r2] >= 0)
         if not move.any():
