@@ -4,8 +4,9 @@
     python bench/gpu_check.py --tiny                   # the same code on CPU with tiny shapes (CI)
     python bench/gpu_check.py --sections judge --set judge.pairs=8000 judge.max_num_seqs=[128,256,512]
 
-Sections, each in its own subprocess killed after `--budget-s` seconds; a failed section is recorded
-(one-line error + its log) and the next one still runs:
+Sections, each in its own subprocess killed after `--budget-s` seconds, one after another so that each measures
+the GPU alone (`--tiny`: all at once, as its figures measure nothing and only the code paths count); a failed
+section is recorded (one-line error + its log) and the others still run:
 
 1. judge: a Llama-3-8B-shaped model dir (config.json, no weights: vLLM's `load_format: dummy` fills random
    ones) with a byte-level BPE tokenizer trained here on the MSC text. memprune's `run_llm` (ray.data.llm) on
@@ -37,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,8 @@ def wait_gpu_free(limit_s: float = 120.0) -> None:
 
 
 def progress(message: str) -> None:
-    print(f"[gpu-check] {message}", flush=True)
+    sys.stdout.write(f"[gpu-check] {message}\n")  # one write: whole lines from the sections' threads
+    sys.stdout.flush()
 
 
 # ------------------------------------------------------------------ sections (each runs in a child process)
@@ -527,6 +530,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=None, help="seconds per section (default 2400; --tiny 600)")
     ap.add_argument("--set", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
                     help="change a size of `plan()`, e.g. judge.pairs=8000 judge.max_num_seqs=[128,256] prune.bullets=10000")
+    ap.add_argument("--parallel", action=argparse.BooleanOptionalAction, default=None,
+                    help="run the sections at once (default: with --tiny only)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -559,10 +564,15 @@ def main() -> int:
     device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)"
     progress(f"{'tiny (CPU)' if args.tiny else 'full'} check on {device}; sections {' '.join(args.sections)}")
     t0 = time.perf_counter()
-    sections: dict[str, Any] = {}
-    for name in args.sections:
-        sections[name] = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budget)
-        progress(f"{name}: {headline(name, sections[name])}")
+
+    def section(name: str) -> dict[str, Any]:
+        result = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budget)
+        progress(f"{name}: {headline(name, result)}")
+        return result
+
+    parallel = args.tiny if args.parallel is None else args.parallel
+    with ThreadPoolExecutor(len(args.sections) if parallel else 1) as pool:  # each thread waits on a child process
+        sections = dict(zip(args.sections, pool.map(section, args.sections)))
     report = {"mode": "tiny (CPU)" if args.tiny else "full", "tiny": args.tiny, "device": device,
               "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0, 1),
               "passed": all(r["status"] == "passed" for r in sections.values()), "sizes": sizes, "sections": sections}
