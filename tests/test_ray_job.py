@@ -123,27 +123,27 @@ def finish(address: str, job_id: str, timeout: float = 480) -> None:
     assert status == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
 
 
-def test_jobs_submitted_to_a_real_cluster(ray_head, tmp_path: Path) -> None:
-    """jobs/pipeline.py, then jobs/label.py, jobs/train.py and jobs/prune.py on its corpus, labels and scorer (the
-    three submitted at once, as users queue jobs on a cluster), on one real cluster."""
+def test_jobs_submitted_to_a_real_cluster(ray_head, scorer_dir: Path, tmp_path: Path) -> None:
+    """jobs/label.py, jobs/train.py and jobs/prune.py submitted at once, as users queue jobs on a cluster, on one
+    real cluster (jobs/pipeline.py goes through `ray job submit` in tests/test_cluster_two_nodes.py)."""
+    from test_train import _labels_for
+
+    from memprune.io import write_table
+    from memprune.synth import generate
+
     address, env = ray_head
-    run = tmp_path / "pipeline"
-    submit(address, env, "memprune-pipeline-test", "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={run}",
-           "corpus.conversations=6", "corpus.sessions=3", "evaluate.figures=false", "prune.progress=false",
-           *TINY_TRAIN)
-    assert json.loads((run / "pipeline.json").read_text())["steps"].keys() == {"data", "label", "train", "evaluate",
-                                                                              "prune"}
-    data = run / "data"
+    data, given = tmp_path / "data", tmp_path / "given-labels"
+    generate(conversations=6, sessions=3, out=data, seed=5)
+    write_table(_labels_for(pq.read_table(data / "bullets.parquet")), given / "labels.parquet", "labels")
 
     labels, train, pruned = tmp_path / "labels", tmp_path / "train", tmp_path / "pruned"
     jobs = {
         "memprune-label-test": ["jobs/label.py", "configs/label-similarity.yaml", f"data={data}", f"out={labels}",
                                 "shard_size=64", "progress=false"],
-        "memprune-train-test": ["jobs/train.py", "configs/train-local.yaml", f"data={data}", f"labels={run / 'label'}",
+        "memprune-train-test": ["jobs/train.py", "configs/train-local.yaml", f"data={data}", f"labels={given}",
                                 f"out={train}", *(a.removeprefix("train.") for a in TINY_TRAIN)],
-        "memprune-prune-test": ["jobs/prune.py", "configs/prune-local.yaml",
-                                f"scorer={run / 'train' / 'stage1' / 'seed0'}", f"input={data}", f"out={pruned}",
-                                "progress=false"],
+        "memprune-prune-test": ["jobs/prune.py", "configs/prune-local.yaml", f"scorer={scorer_dir}", f"input={data}",
+                                f"out={pruned}", "progress=false"],
     }
     for job_id, args in jobs.items():
         submit(address, env, job_id, *args, wait=False)
