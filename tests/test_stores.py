@@ -527,3 +527,46 @@ def test_a_store_of_several_files_read_by_ray_tasks_equals_the_same_records_read
         e = export(store, tmp_path / f"work-{name}")
         got[name] = (pq.read_table(e.bullets).to_pylist(), e.rejects, e.fingerprint, e.usable)
     assert got["one"] == got["many"] and got["one"][3] == 11 and [r["id"] for r in got["one"][1]] == ["0007"]
+
+
+def _raw_rows(store, group: str) -> pa.Table:
+    return pa.Table.from_batches([b for part in store.raw_group(group) for b in part()])
+
+
+def test_a_group_is_asked_of_the_store_alone(tmp_path) -> None:
+    """Issue 27: one group's prune reads that group only: a Parquet file and a Lance dataset return just its rows
+    (text or integer group column), and `read_group` equals a whole read filtered to the group."""
+    import lance
+
+    from memprune.stores.base import open_store
+
+    rows = pa.table({"mid": [f"m{i}" for i in range(9)], "memory": [f"Memory {i}." for i in range(9)],
+                     "user": [f"u{i % 3}" for i in range(9)], "n": [i % 3 for i in range(9)]})
+    pq.write_table(rows, tmp_path / "mem.parquet")
+    lance.write_dataset(rows.rename_columns(["id", "text", "user", "n"]), str(tmp_path / "mem.lance"))
+    stores = {("user", "u1"): open_store("table", str(tmp_path / "mem.parquet"),
+                                         {"id": "mid", "text": "memory", "group": "user"}),
+              ("n", "1"): open_store("table", str(tmp_path / "mem.parquet"), {"id": "mid", "text": "memory", "group": "n"}),
+              ("user", "u2"): open_store("lance", str(tmp_path / "mem.lance"), {"group": "user"}),
+              ("n", "2"): open_store("lance", str(tmp_path / "mem.lance"), {"group": "n"})}
+    for (column, group), store in stores.items():
+        raw = _raw_rows(store, group)
+        assert raw.num_rows == 3 and set(raw.column(column).cast(pa.string()).to_pylist()) == {group}, store.where
+        whole = pa.Table.from_batches(list(store.read()))
+        assert pa.Table.from_batches(list(store.read_group(group))) == \
+            whole.filter(pa.compute.equal(whole.column("group"), group))
+        assert sum(b.num_rows for part in store.raw_group("x") for b in part()) == 0  # a group nobody has
+
+
+@pytest.mark.slow
+def test_a_mem0_group_is_a_filter_qdrant_runs(mem0_store) -> None:
+    from memprune.stores.mem0_store import Mem0Store
+
+    config, _ = mem0_store
+    store = Mem0Store(str(config))
+    try:
+        raw = _raw_rows(store, "bob")
+        assert raw.num_rows == len(USERS["bob"]) and set(raw.column("user_id").to_pylist()) == {"bob"}
+        assert sorted(raw.column("data").to_pylist()) == sorted(USERS["bob"])
+    finally:
+        store.close()

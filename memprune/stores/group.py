@@ -40,8 +40,7 @@ def rule_of(pruner: Any) -> PruneRule | None:
 def group_table(store: Store, group: str, times: bool = False) -> pa.Table:
     """The usable records of `group` in the export's bullets layout and order (`memprune prune`'s: the store's time
     and pin through its mapping; with `times` the time as epoch seconds, checked as the export checks it)."""
-    rows = pa.Table.from_batches(list(store.read()), schema=NORMAL)
-    rows = rows.filter(pc.equal(rows.column("group"), group))
+    rows = pa.Table.from_batches(list(store.read_group(group)), schema=NORMAL)
     check_lives(store, rows, times)
     return to_bullets(rows, times).sort_by([(k, "ascending") for k in SORT_KEYS])
 
