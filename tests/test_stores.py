@@ -570,3 +570,32 @@ def test_a_mem0_group_is_a_filter_qdrant_runs(mem0_store) -> None:
         assert sorted(raw.column("data").to_pylist()) == sorted(USERS["bob"])
     finally:
         store.close()
+
+
+def test_a_group_apply_leaves_records_changed_since_the_decision(scorer_dir, tmp_path) -> None:
+    """Issue 27: between `decide_group` and `apply_group` someone edits one dropped record and deletes another:
+    apply deletes only the unchanged dropped ones and reports the two; restore gives back exactly those deleted."""
+    from memprune.prune import MemoryPruner
+    from memprune.stores.base import open_store
+    from memprune.stores.group import apply_group, decide_group
+
+    store_path = tmp_path / "mem.csv"
+    lines = [f"m{i},Memory number {i} of Ann.,{'ann' if i < 8 else 'ben'}\n" for i in range(10)]
+    store_path.write_text("mid,memory,user\n" + "".join(lines))
+    store = open_store("table", str(store_path), {"id": "mid", "text": "memory", "group": "user"})
+    decided = decide_group(store, "ann", MemoryPruner(str(scorer_dir), threshold=None, top_k=3, dedup=False))
+    dropped = [i for i, k in zip(decided.column("bullet_id").to_pylist(), decided.column("keep").to_pylist()) if not k]
+    assert decided.num_rows == 8 and len(dropped) == 5
+    edited, gone = dropped[0], dropped[1]
+    text = store_path.read_text().replace(f"{edited},Memory number", f"{edited},Edited memory number")
+    store_path.write_text("".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith(f"{gone},")))
+    before = store_path.read_bytes()
+    done = apply_group(store, decided, tmp_path / "archive")
+    assert done["deleted"] == 3 and sorted(done["skipped"], key=lambda s: s["id"]) == sorted(
+        [{"id": edited, "why": "changed since the decision"}, {"id": gone, "why": "removed since the decision"}],
+        key=lambda s: s["id"])
+    left = [ln.split(",")[0] for ln in store_path.read_text().splitlines()[1:]]
+    assert edited in left and set(left) == {f"m{i}" for i in range(10)} - set(dropped[1:])
+    assert set(read_archive(tmp_path / "archive").records.column("mid").to_pylist()) == set(dropped[2:])
+    assert restore(tmp_path / "archive")["restored"] == 3
+    assert store_path.read_bytes() == before

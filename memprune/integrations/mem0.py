@@ -61,7 +61,8 @@ class PrunedMemory:
         return result
 
     def prune(self, group: str) -> dict[str, Any]:
-        """Decide `group`'s memories; archive and delete the dropped ones. Returns group, kept, deleted, archive."""
+        """Decide `group`'s memories; archive and delete the dropped ones. Returns group, kept, deleted, archive and
+        skipped (dropped memories changed or removed by someone else meanwhile: left alone)."""
         decided = decide_group(self.store, group, self.pruner)
         target = self.archive_dir / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         done = apply_group(self.store, decided, target)

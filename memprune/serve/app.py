@@ -228,19 +228,19 @@ class MemPruneService:
         store = served.open()
         try:
             decided = decide_group(store, req.group, pruner)
-            archive = None
+            done: dict[str, Any] = {}
             if req.apply:
                 stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
                 group = re.sub(r"[^A-Za-z0-9_-]", "_", req.group)[:40]
                 target = Path(self.cfg.archive_dir) / req.store / f"{stamp}-{group}-{uuid.uuid4().hex[:8]}"
-                archive = apply_group(store, decided, target)["archive"]
+                done = apply_group(store, decided, target)
         finally:
             store.close()
         n = decided.num_rows
         col = (lambda c: decided.column(c).to_pylist()) if n else (lambda c: [])
         keep = col("keep")
         return PruneResponse(store=req.store, group=req.group, applied=req.apply, kept=sum(keep),
-                             dropped=n - sum(keep), archive=archive,
+                             dropped=n - sum(keep), archive=done.get("archive"), skipped=done.get("skipped", []),
                              decisions=verdicts_of(col("bullet_id"), col("score"), keep, col("reason"),
                                                    col("duplicate_of"),
                                                    col("effective_score") if "effective_score" in decided.column_names

@@ -231,11 +231,12 @@ def _rename_in_order(directory: Path) -> None:
         p.rename(directory / f"part-{i:05d}.parquet")
 
 
-def scan_current(store: Store) -> pa.Table:
-    """(id, hash) of every record the store holds now (streamed on the driver), for the apply check."""
+def scan_current(store: Store, group: str | None = None) -> pa.Table:
+    """(id, hash) of every record the store holds now (streamed on the driver), or of one `group`'s, for the apply
+    check."""
     ids: list[pa.Array] = []
     hashes: list[pa.Array] = []
-    for batch in store.read():
+    for batch in store.read() if group is None else store.read_group(group):
         ok = pc.and_(pc.is_valid(batch.column(0)), pc.not_equal(pc.fill_null(batch.column(0), ""), ""))
         b = batch.filter(ok)
         ids.append(b.column(0))

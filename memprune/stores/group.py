@@ -6,7 +6,8 @@ lays them out for `memprune prune` (times and pins through the store's mapping, 
 hands them to a pruner's `prune_table` (`MemoryPruner`'s: the batch job's decision, with the store's group as
 the conversation and its pin column as the pin field; or the service client's). `apply_group`
 writes every dropped record whole into an archive (`memprune.archive`, restorable with `memprune restore`)
-before deleting it, as `memprune prune --apply` does.
+before deleting it, as `memprune prune --apply` does; a record changed or removed by someone else since the
+decision is skipped and reported, never deleted.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import pyarrow.compute as pc
 
 from memprune.archive import write_archive
 from memprune.prune import PruneRule
-from memprune.stores.apply import archive_records
+from memprune.stores.apply import archive_records, diff
 from memprune.stores.base import NORMAL, Store, chunks
 from memprune.stores.config import StoreError
-from memprune.stores.export import HASH, PIN, SORT_KEYS, check_lives, fingerprint, record_key, to_bullets
+from memprune.stores.export import (HASH, PIN, SORT_KEYS, check_lives, fingerprint, record_key, scan_current,
+                                     to_bullets)
 
 
 class TablePruner(Protocol):
@@ -59,11 +61,23 @@ def decide_group(store: Store, group: str, pruner: TablePruner) -> pa.Table:
 
 
 def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path, batch: int = 256) -> dict[str, Any]:
-    """Archive the dropped records of a `decide_group` result whole into `archive_dir`, then delete them."""
+    """Archive the dropped records of a `decide_group` result whole into `archive_dir`, then delete them.
+
+    A dropped record whose text changed since the decision, or that left the group, is not touched: it is in
+    `skipped` (id, why), checked as `memprune prune --apply` checks a decision (`apply.diff`: id and text hash)."""
     dropped = (decided.filter(pc.invert(decided.column("keep"))) if "keep" in decided.column_names
                else decided.slice(0, 0))
     if dropped.num_rows == 0:
-        return {"deleted": 0, "archive": None}
+        return {"deleted": 0, "archive": None, "skipped": []}
+    now = scan_current(store, decided.column("conversation_id")[0].as_py())
+    _, changed, missing = diff(now, pa.table({"id": dropped.column("bullet_id"), "hash": dropped.column(HASH),
+                                              "keep": dropped.column("keep")}))
+    stale = {**{i: "removed since the decision" for i in missing.column("id").to_pylist()},
+             **{i: "changed since the decision" for i in changed.column("id").to_pylist()}}
+    dropped = dropped.filter(pc.invert(pc.is_in(dropped.column("bullet_id"), pa.array(list(stale), pa.string()))))
+    skipped = [{"id": i, "why": why} for i, why in stale.items()]
+    if dropped.num_rows == 0:
+        return {"deleted": 0, "archive": None, "skipped": skipped}
     ids = dropped.column("bullet_id").to_pylist()
     dec = pa.table({"id": dropped.column("bullet_id"), "score": dropped.column("score"),
                     "reason": dropped.column("reason"), "duplicate_of": dropped.column("duplicate_of"),
@@ -75,4 +89,4 @@ def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path, batch:
     write_archive(archive_dir, records, id_column=store.fields["id"], store=store.describe(), fingerprint=key)
     for part in chunks(ids, batch):
         store.delete(list(part))
-    return {"deleted": len(ids), "archive": str(archive_dir)}
+    return {"deleted": len(ids), "archive": str(archive_dir), "skipped": skipped}
