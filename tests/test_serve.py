@@ -227,6 +227,14 @@ def test_mem0_integration_keeps_each_user_within_the_cap(service, scorer_dir, mi
         assert len(added) == 100 and archived == added - kept and len(kept) == 5
         assert memory.restore()["restored"] == 95
         assert len(memory.get_all(filters={"user_id": "alice"}, top_k=1000)["results"]) == 100
+        # a metadata key as the pin (issue 27): the pinned "lol" outlives better memories
+        pins = PrunedMemory(memory.memory, config, MemoryPruner(str(scorer_dir), threshold=None, top_k=2),
+                            tmp_path / "archive-pins", pin="pinned")
+        pins.add([{"role": "user", "content": "lol"}], user_id="cy", infer=False, metadata={"pinned": True})
+        for i in range(4):
+            pins.add([{"role": "user", "content": f"Cy collects stamps from country {i}."}], user_id="cy", infer=False)
+        left = [r["memory"] for r in memory.get_all(filters={"user_id": "cy"}, top_k=100)["results"]]
+        assert "lol" in left and len(left) == 2
         # the same through the service: /v1/decide decides, the wrapper archives and deletes
         memory.pruner = ServiceClient(url, rule={"threshold": None, "top_k": 3, "dedup": False})
         for i in range(6):
