@@ -54,7 +54,7 @@ class ServiceClient:
         n = table.num_rows
         times = table.column("time").to_pylist() if "time" in table.column_names else [None] * n
         pins = table.column(pin_field).to_pylist() if pin_field else [None] * n
-        bullets = [{"id": i, "text": t, "time": None if at is None or at != at else at, "pinned": p}
+        bullets = [{"id": i, "text": t, "time": at, "pinned": p}
                    for i, t, at, p in zip(table.column("bullet_id").to_pylist(), table.column("text").to_pylist(),
                                           times, pins)]
         rule = self.rule
