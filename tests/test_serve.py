@@ -27,6 +27,15 @@ BULLETS = ["Alice has a cat named Tom.", "Alice has a cat named Tom.", "ok", "Al
            "Bob's daughter starts school in September.", "Carol moved to Lisbon last year.", "k"]
 RULES = [{"threshold": 0.5, "top_k": 3}, {"policy": "budget", "budget_tokens": 25},
          {"policy": "fraction", "fraction": 0.4}]
+# a table store whose id/text/group/time/pin need a map (issue 27): Nora's move, an old fact, a pinned "lol"
+NOTES = [("n1", "Nora lives in Lima.", "nora", "2024-01-05T00:00:00Z", "false"),
+         ("n2", "Nora has a cat named Mochi.", "nora", "2024-01-05T00:00:00Z", ""),
+         ("n3", "lol", "nora", "2024-02-01T00:00:00Z", "true"),
+         ("n4", "ok", "nora", "2024-02-01T00:00:00Z", "false"),
+         ("n5", "Nora lives in Oslo.", "nora", "2024-03-10T00:00:00Z", "false"),
+         ("n6", "Nora sang in a choir as a child.", "nora", "2023-01-01T00:00:00Z", "false"),
+         ("o1", "Omar is learning Italian.", "omar", "2024-01-02T00:00:00Z", "false")]
+NOTES_MAP = {"id": "mid", "text": "memory", "group": "user", "time": "created", "pin": "starred"}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +52,10 @@ def service(ray_local, scorer_dir, minilm_path, tmp_path_factory):
         for text in texts:
             m.add([{"role": "user", "content": text}], user_id=user, infer=False)
     _close(m)
-    cfg = ServeConfig(scorer=str(scorer_dir), port=free_port(), stores={"mem": f"mem0:{config}"},
+    notes = d / "notes.csv"
+    notes.write_text("mid,memory,user,created,starred\n" + "".join(",".join(r) + "\n" for r in NOTES))
+    cfg = ServeConfig(scorer=str(scorer_dir), port=free_port(),
+                      stores={"mem": f"mem0:{config}", "notes": {"location": f"table:{notes}", "map": NOTES_MAP}},
                       archive_dir=str(d / "archive"), num_cpus=0.5, block=False)
     summary = run(cfg)
     yield summary["url"], config, d / "archive"
@@ -85,7 +97,7 @@ def test_decide_is_memory_pruners_decision_for_every_policy(service, scorer_dir)
     scored = _post(url, "/v1/score", {"texts": BULLETS[:3]}).json()
     np.testing.assert_allclose(scored["raw"], Scorer.load(scorer_dir).score(BULLETS[:3]), atol=1e-6)
     health = httpx.get(url + "/healthz").json()
-    assert health["status"] == "ok" and len(health["scorer"]["fingerprint"]) == 16 and health["stores"] == ["mem"]
+    assert health["status"] == "ok" and len(health["scorer"]["fingerprint"]) == 16 and health["stores"] == ["mem", "notes"]
     assert httpx.get(url + "/docs").status_code == 200 and "/v1/prune" in httpx.get(url + "/openapi.json").json()["paths"]
 
 
@@ -161,6 +173,40 @@ def test_prune_applies_on_mem0_and_restore_gives_the_rest_back(service, scorer_d
     assert _get_all(config) == before
 
 
+def test_prune_of_a_mapped_table_store_is_memprune_prunes_decision(service, scorer_dir) -> None:
+    """A configured store's map gives /v1/prune the times and pins `memprune prune --map` gives: the same decision as
+    MemoryPruner on the same mapped records (supersession and forgetting by time; the pinned "lol" kept)."""
+    import pyarrow as pa
+
+    from memprune.serve import ServeConfig
+    from memprune.serve.stage import check_stores
+    from memprune.stores import StoreError
+
+    url, _, archive = service
+    now = "2024-04-01T00:00:00Z"
+    rule = {"threshold": 0.5, "top_k": 3, "supersede": {"judge": "slot"}, "retention": {"half_life": "60d",
+                                                                                         "max_age": "400d", "now": now}}
+    reply = _post(url, "/v1/prune", {"store": "notes", "group": "nora", "rule": rule})
+    assert reply.status_code == 200, reply.text
+    got = {d["id"]: (d["keep"], d["reason"], d["superseded_by"]) for d in reply.json()["decisions"]}
+    records = sorted(({"bullet_id": i, "text": t, "conversation_id": u, "time": at, "pinned": p == "true", "speaker": ""}
+                      for i, t, u, at, p in NOTES if u == "nora"), key=lambda r: (r["time"], r["bullet_id"]))
+    want = {}
+    for pin in ("pinned", None):
+        expected = MemoryPruner(str(scorer_dir), rule=PruneRule.of(**rule, pin_field=pin, group_by="conversation")).prune_table(
+            pa.Table.from_pylist(records))
+        want[pin] = {r["bullet_id"]: (r["keep"], r["reason"], r["superseded_by"]) for r in expected.to_pylist()}
+    assert got == want["pinned"]
+    assert got["n1"] == (False, "superseded", "n5") and got["n6"][1] == "expired"
+    assert got["n3"][0] and not want[None]["n3"][0]  # the pin keeps what the policy drops
+    # a map naming a column the store lacks, or an unknown field: one line at startup
+    with pytest.raises(StoreError, match="^stores.notes: .*column 'pinned' \\(mapped to pin\\) missing"):
+        check_stores(ServeConfig(scorer=str(scorer_dir), stores={"notes": {
+            "location": f"table:{archive.parent / 'notes.csv'}", "map": {**NOTES_MAP, "pin": "pinned"}}}))
+    with pytest.raises(ValueError, match="unknown map field 'colour'"):
+        ServeConfig(scorer=str(scorer_dir), stores={"x": {"location": "table:x.csv", "map": {"colour": "red"}}})
+
+
 def test_mem0_integration_keeps_each_user_within_the_cap(service, scorer_dir, minilm_path, tmp_path) -> None:
     from memprune.integrations.mem0 import PrunedMemory
     from memprune.serve.client import ServiceClient
@@ -181,6 +227,14 @@ def test_mem0_integration_keeps_each_user_within_the_cap(service, scorer_dir, mi
         assert len(added) == 100 and archived == added - kept and len(kept) == 5
         assert memory.restore()["restored"] == 95
         assert len(memory.get_all(filters={"user_id": "alice"}, top_k=1000)["results"]) == 100
+        # a metadata key as the pin (issue 27): the pinned "lol" outlives better memories
+        pins = PrunedMemory(memory.memory, config, MemoryPruner(str(scorer_dir), threshold=None, top_k=2),
+                            tmp_path / "archive-pins", pin="pinned")
+        pins.add([{"role": "user", "content": "lol"}], user_id="cy", infer=False, metadata={"pinned": True})
+        for i in range(4):
+            pins.add([{"role": "user", "content": f"Cy collects stamps from country {i}."}], user_id="cy", infer=False)
+        left = [r["memory"] for r in memory.get_all(filters={"user_id": "cy"}, top_k=100)["results"]]
+        assert "lol" in left and len(left) == 2
         # the same through the service: /v1/decide decides, the wrapper archives and deletes
         memory.pruner = ServiceClient(url, rule={"threshold": None, "top_k": 3, "dedup": False})
         for i in range(6):

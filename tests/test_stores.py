@@ -527,3 +527,75 @@ def test_a_store_of_several_files_read_by_ray_tasks_equals_the_same_records_read
         e = export(store, tmp_path / f"work-{name}")
         got[name] = (pq.read_table(e.bullets).to_pylist(), e.rejects, e.fingerprint, e.usable)
     assert got["one"] == got["many"] and got["one"][3] == 11 and [r["id"] for r in got["one"][1]] == ["0007"]
+
+
+def _raw_rows(store, group: str) -> pa.Table:
+    return pa.Table.from_batches([b for part in store.raw_group(group) for b in part()])
+
+
+def test_a_group_is_asked_of_the_store_alone(tmp_path) -> None:
+    """Issue 27: one group's prune reads that group only: a Parquet file and a Lance dataset return just its rows
+    (text or integer group column), and `read_group` equals a whole read filtered to the group."""
+    import lance
+
+    from memprune.stores.base import open_store
+
+    rows = pa.table({"mid": [f"m{i}" for i in range(9)], "memory": [f"Memory {i}." for i in range(9)],
+                     "user": [f"u{i % 3}" for i in range(9)], "n": [i % 3 for i in range(9)]})
+    pq.write_table(rows, tmp_path / "mem.parquet")
+    lance.write_dataset(rows.rename_columns(["id", "text", "user", "n"]), str(tmp_path / "mem.lance"))
+    stores = {("user", "u1"): open_store("table", str(tmp_path / "mem.parquet"),
+                                         {"id": "mid", "text": "memory", "group": "user"}),
+              ("n", "1"): open_store("table", str(tmp_path / "mem.parquet"), {"id": "mid", "text": "memory", "group": "n"}),
+              ("user", "u2"): open_store("lance", str(tmp_path / "mem.lance"), {"group": "user"}),
+              ("n", "2"): open_store("lance", str(tmp_path / "mem.lance"), {"group": "n"})}
+    for (column, group), store in stores.items():
+        raw = _raw_rows(store, group)
+        assert raw.num_rows == 3 and set(raw.column(column).cast(pa.string()).to_pylist()) == {group}, store.where
+        whole = pa.Table.from_batches(list(store.read()))
+        assert pa.Table.from_batches(list(store.read_group(group))) == \
+            whole.filter(pa.compute.equal(whole.column("group"), group))
+        assert sum(b.num_rows for part in store.raw_group("x") for b in part()) == 0  # a group nobody has
+
+
+@pytest.mark.slow
+def test_a_mem0_group_is_a_filter_qdrant_runs(mem0_store) -> None:
+    from memprune.stores.mem0_store import Mem0Store
+
+    config, _ = mem0_store
+    store = Mem0Store(str(config))
+    try:
+        raw = _raw_rows(store, "bob")
+        assert raw.num_rows == len(USERS["bob"]) and set(raw.column("user_id").to_pylist()) == {"bob"}
+        assert sorted(raw.column("data").to_pylist()) == sorted(USERS["bob"])
+    finally:
+        store.close()
+
+
+def test_a_group_apply_leaves_records_changed_since_the_decision(scorer_dir, tmp_path) -> None:
+    """Issue 27: between `decide_group` and `apply_group` someone edits one dropped record and deletes another:
+    apply deletes only the unchanged dropped ones and reports the two; restore gives back exactly those deleted."""
+    from memprune.prune import MemoryPruner
+    from memprune.stores.base import open_store
+    from memprune.stores.group import apply_group, decide_group
+
+    store_path = tmp_path / "mem.csv"
+    lines = [f"m{i},Memory number {i} of Ann.,{'ann' if i < 8 else 'ben'}\n" for i in range(10)]
+    store_path.write_text("mid,memory,user\n" + "".join(lines))
+    store = open_store("table", str(store_path), {"id": "mid", "text": "memory", "group": "user"})
+    decided = decide_group(store, "ann", MemoryPruner(str(scorer_dir), threshold=None, top_k=3, dedup=False))
+    dropped = [i for i, k in zip(decided.column("bullet_id").to_pylist(), decided.column("keep").to_pylist()) if not k]
+    assert decided.num_rows == 8 and len(dropped) == 5
+    edited, gone = dropped[0], dropped[1]
+    text = store_path.read_text().replace(f"{edited},Memory number", f"{edited},Edited memory number")
+    store_path.write_text("".join(ln for ln in text.splitlines(keepends=True) if not ln.startswith(f"{gone},")))
+    before = store_path.read_bytes()
+    done = apply_group(store, decided, tmp_path / "archive")
+    assert done["deleted"] == 3 and sorted(done["skipped"], key=lambda s: s["id"]) == sorted(
+        [{"id": edited, "why": "changed since the decision"}, {"id": gone, "why": "removed since the decision"}],
+        key=lambda s: s["id"])
+    left = [ln.split(",")[0] for ln in store_path.read_text().splitlines()[1:]]
+    assert edited in left and set(left) == {f"m{i}" for i in range(10)} - set(dropped[1:])
+    assert set(read_archive(tmp_path / "archive").records.column("mid").to_pylist()) == set(dropped[2:])
+    assert restore(tmp_path / "archive")["restored"] == 3
+    assert store_path.read_bytes() == before

@@ -29,23 +29,25 @@ class PrunedMemory:
     """A Mem0 `Memory` whose every `add` is followed by pruning that group's memories (archived, restorable).
 
     `config` is the Mem0 config file the memory was opened from: the archives name it, so `memprune restore
-    ARCHIVE` finds the store from a fresh interpreter.
+    ARCHIVE` finds the store from a fresh interpreter. `time` and `pin` are the metadata keys of a memory's time
+    and pin (as `memprune prune --map time=KEY,pin=KEY`): a memory whose `pin` is true is never dropped.
     """
 
     def __init__(self, memory: Any, config: str | Path, pruner: TablePruner, archive_dir: str | Path,
-                 group: str = "user_id") -> None:
+                 group: str = "user_id", time: str = "created_at", pin: str | None = None) -> None:
         self.memory = memory
         self.pruner = pruner
         self.archive_dir = Path(archive_dir)
-        self.store = Mem0Store(str(config), {"group": group}, memory=memory)
+        self.store = Mem0Store(str(config), {"group": group, "time": time, **({"pin": pin} if pin else {})},
+                               memory=memory)
         self.group = group
         self.pruned: list[dict[str, Any]] = []  # what each prune did: group, kept, deleted, archive
 
     @classmethod
     def from_config(cls, config: str | Path, pruner: TablePruner, archive_dir: str | Path,
-                    group: str = "user_id") -> "PrunedMemory":
+                    group: str = "user_id", time: str = "created_at", pin: str | None = None) -> "PrunedMemory":
         """Open the Mem0 store of `config` (as `memprune prune --input mem0:CONFIG` does) and wrap it."""
-        return cls(open_memory(str(config)), config, pruner, archive_dir, group)
+        return cls(open_memory(str(config)), config, pruner, archive_dir, group, time, pin)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.memory, name)
@@ -59,7 +61,8 @@ class PrunedMemory:
         return result
 
     def prune(self, group: str) -> dict[str, Any]:
-        """Decide `group`'s memories; archive and delete the dropped ones. Returns group, kept, deleted, archive."""
+        """Decide `group`'s memories; archive and delete the dropped ones. Returns group, kept, deleted, archive and
+        skipped (dropped memories changed or removed by someone else meanwhile: left alone)."""
         decided = decide_group(self.store, group, self.pruner)
         target = self.archive_dir / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         done = apply_group(self.store, decided, target)

@@ -291,12 +291,13 @@ class MemoryPruner:
         scores, keep = self.decide(bullets, groups)
         return [KeptBullet(int(i), bullet_text(bullets[i], int(i)), float(scores[i]), bullets[i]) for i in np.flatnonzero(keep)]
 
-    def prune_table(self, table: pa.Table, group_by: str | None = None) -> pa.Table:
+    def prune_table(self, table: pa.Table, group_by: str | None = None, pin_field: str | None = None) -> pa.Table:
         """A small bullets table with `score`, `keep`, `reason` and `duplicate_of`, decided as the batch job does.
 
-        `group_by` replaces the rule's grouping for this call.
+        `group_by` and `pin_field` (a boolean column), where given, replace the rule's for this call.
         """
-        rule = self.rule if group_by is None else PruneRule.of(**{**self.rule.model_dump(), "group_by": group_by})
+        given = {k: v for k, v in (("group_by", group_by), ("pin_field", pin_field)) if v is not None}
+        rule = PruneRule.of(**{**self.rule.model_dump(), **given}) if given else self.rule
         missing = [c for c in ("bullet_id", "text", *rule.keys) if c not in table.column_names]
         if missing:
             raise PruneError(f"<table>: column {missing[0]!r} missing")

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from memprune.errors import MemPruneError
-from memprune.serve.config import STORE_NAME, ServeConfig
+from memprune.serve.config import STORE_NAME, ServeConfig, ServedStore
 from memprune.serve.models import (DecideRequest, DecideResponse, ErrorResponse, PruneRequest, PruneResponse,
                                    ScoreRequest, ScoreResponse, Verdict)
 
@@ -200,10 +200,10 @@ class MemPruneService:
     async def prune(self, req: PruneRequest, request: Request) -> PruneResponse:
         if req.apply:
             self._authorize(request)
-        location = self._store_location(req.store)
+        served = self._store(req.store)
         pruner = self._pruner(req.rule)
         async with self.store_locks[req.store]:
-            return await self._in_thread(self._prune_group, req, location, pruner)
+            return await self._in_thread(self._prune_group, req, served, pruner)
 
     def _authorize(self, request: Request) -> None:
         token = os.environ.get(self.cfg.token_env)
@@ -213,7 +213,7 @@ class MemPruneService:
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise RequestError("apply needs 'Authorization: Bearer <token>' with the server's token", 401)
 
-    def _store_location(self, name: str) -> str:
+    def _store(self, name: str) -> ServedStore:
         if not STORE_NAME.match(name):
             raise RequestError(f"store {name[:80]!r}: give the name of a configured store, not a path or a location "
                                f"(configured: {', '.join(sorted(self.cfg.stores)) or 'none'})")
@@ -222,27 +222,25 @@ class MemPruneService:
                                f"{', '.join(sorted(self.cfg.stores)) or 'none'})", 404)
         return self.cfg.stores[name]
 
-    def _prune_group(self, req: PruneRequest, location: str, pruner: Any) -> PruneResponse:
-        from memprune.stores import open_store, split_input
+    def _prune_group(self, req: PruneRequest, served: ServedStore, pruner: Any) -> PruneResponse:
         from memprune.stores.group import apply_group, decide_group
 
-        kind, where = split_input(location)  # type: ignore[misc]  (validated by the config)
-        store = open_store(kind, where)
+        store = served.open()
         try:
             decided = decide_group(store, req.group, pruner)
-            archive = None
+            done: dict[str, Any] = {}
             if req.apply:
                 stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
                 group = re.sub(r"[^A-Za-z0-9_-]", "_", req.group)[:40]
                 target = Path(self.cfg.archive_dir) / req.store / f"{stamp}-{group}-{uuid.uuid4().hex[:8]}"
-                archive = apply_group(store, decided, target)["archive"]
+                done = apply_group(store, decided, target)
         finally:
             store.close()
         n = decided.num_rows
         col = (lambda c: decided.column(c).to_pylist()) if n else (lambda c: [])
         keep = col("keep")
         return PruneResponse(store=req.store, group=req.group, applied=req.apply, kept=sum(keep),
-                             dropped=n - sum(keep), archive=archive,
+                             dropped=n - sum(keep), archive=done.get("archive"), skipped=done.get("skipped", []),
                              decisions=verdicts_of(col("bullet_id"), col("score"), keep, col("reason"),
                                                    col("duplicate_of"),
                                                    col("effective_score") if "effective_score" in decided.column_names

@@ -48,11 +48,22 @@ class ServiceClient:
         """`/v1/prune`: a configured store's group decided (and with `apply`, archived and deleted) by the service."""
         return self._post("/v1/prune", {"store": store, "group": group, "rule": self.rule, "apply": apply})
 
-    def prune_table(self, table: pa.Table, group_by: str | None = None) -> pa.Table:
-        """`table` (bullet_id, text; one group) with score, keep, reason and duplicate_of from `/v1/decide`."""
-        bullets = [{"id": i, "text": t} for i, t in zip(table.column("bullet_id").to_pylist(),
-                                                        table.column("text").to_pylist())]
-        rows = self.decide(bullets)["decisions"]
+    def prune_table(self, table: pa.Table, group_by: str | None = None, pin_field: str | None = None) -> pa.Table:
+        """`table` (bullet_id, text[, time, the `pin_field` column]; one group) with score, keep, reason and
+        duplicate_of from `/v1/decide`; its times and pins go with the bullets."""
+        n = table.num_rows
+        times = table.column("time").to_pylist() if "time" in table.column_names else [None] * n
+        pins = table.column(pin_field).to_pylist() if pin_field else [None] * n
+        bullets = [{"id": i, "text": t, "time": at, "pinned": p}
+                   for i, t, at, p in zip(table.column("bullet_id").to_pylist(), table.column("text").to_pylist(),
+                                          times, pins)]
+        rule = self.rule
+        if pin_field:
+            if rule is None:
+                raise ServiceError(f"{self.http.base_url}: a store with pins needs the client's rule "
+                                   "(ServiceClient(url, rule={...})): the server's rule cannot be given a pin field")
+            rule = {**rule, "pin_field": "pinned"}
+        rows = self._post("/v1/decide", {"bullets": bullets, "rule": rule})["decisions"]
         return (table.append_column("score", pa.array([r["score"] for r in rows], pa.float64()))
                 .append_column("keep", pa.array([r["keep"] for r in rows], pa.bool_()))
                 .append_column("reason", pa.array([r["reason"] for r in rows], pa.string()))

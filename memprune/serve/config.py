@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -14,15 +14,48 @@ from memprune.prune import PruneRule
 STORE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # what a configured store may be called
 
 
+class ServedStore(ConfigModel):
+    """A store /v1/prune may read or change: where it is and how its columns map (as `memprune prune --input
+    LOCATION --map ...`: time for recency, retention and supersession; pin for the records never dropped)."""
+
+    location: str = Field(description="KIND:LOCATION (mem0:CONFIG.yaml, lance:DIR, table:FILE)")
+    map: dict[str, str] = Field(default_factory=dict, description="field -> column (Mem0: metadata key): id, text, "
+                                "group, time, pin; unset fields take the kind's default (pin: none)")
+
+    @field_validator("location")
+    @classmethod
+    def _location(cls, v: str) -> str:
+        from memprune.stores import split_input
+
+        if split_input(v) is None:
+            raise ValueError(f"{v!r} is not KIND:LOCATION (mem0:, lance:, table:)")
+        return v
+
+    @field_validator("map")
+    @classmethod
+    def _map(cls, v: dict[str, str]) -> dict[str, str]:
+        from memprune.stores.config import check_map
+
+        return check_map(v)
+
+    def open(self) -> Any:
+        """The store, opened with its mapping (a mapped column it lacks is a `StoreError`)."""
+        from memprune.stores import open_store, split_input
+
+        kind, where = split_input(self.location)  # type: ignore[misc]  (validated)
+        return open_store(kind, where, self.map)
+
+
 class ServeConfig(ConfigModel):
     """`memprune serve`: one scorer, the stores clients may name, and the bounds of every request."""
 
     scorer: str = Field(description="scorer artifact directory or URI (scorer.json + head.safetensors)")
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface; set a token first)")
     port: int = Field(8000, ge=1, le=65535)
-    stores: dict[str, str] = Field(default_factory=dict,
-                                   description="name -> KIND:LOCATION (mem0:CONFIG.yaml, lance:DIR, table:FILE): the "
-                                               "only stores /v1/prune reads or changes; clients send the name")
+    stores: dict[str, ServedStore] = Field(default_factory=dict,
+                                           description="name -> KIND:LOCATION, or {location: KIND:LOCATION, map: "
+                                                       "{time: COL, pin: COL, ...}}: the only stores /v1/prune reads or "
+                                                       "changes; clients send the name")
     archive_dir: str = Field("serve-archive", description="where /v1/prune with apply writes its archives "
                                                           "(ARCHIVE_DIR/STORE/...; `memprune restore` takes one)")
     rule: PruneRule = Field(default_factory=PruneRule, description="the rule of a request that names none")
@@ -47,17 +80,15 @@ class ServeConfig(ConfigModel):
     ray_address: str | None = None
     block: bool = Field(True, description="`memprune serve` waits (Ctrl-C stops the app); false: returns once up")
 
-    @field_validator("stores")
+    @field_validator("stores", mode="before")
     @classmethod
-    def _stores(cls, v: dict[str, str]) -> dict[str, str]:
-        from memprune.stores import split_input
-
-        for name, location in v.items():
-            if not STORE_NAME.match(name):
+    def _stores(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        for name in v:
+            if not STORE_NAME.match(str(name)):
                 raise ValueError(f"store name {name!r}: letters, digits, '_' and '-' only (at most 64)")
-            if split_input(location) is None:
-                raise ValueError(f"stores.{name}: {location!r} is not KIND:LOCATION (mem0:, lance:, table:)")
-        return v
+        return {name: {"location": s} if isinstance(s, str) else s for name, s in v.items()}
 
     @model_validator(mode="after")
     def _autoscaling(self) -> "ServeConfig":

@@ -78,6 +78,11 @@ class PruneRequest(Request):
                                            "false: a dry run")
 
 
+class Skipped(BaseModel):
+    id: str
+    why: str = Field(description="changed since the decision (its text), or removed since the decision")
+
+
 class PruneResponse(BaseModel):
     store: str
     group: str
@@ -85,6 +90,8 @@ class PruneResponse(BaseModel):
     kept: int
     dropped: int
     archive: str | None = Field(None, description="the archive written (`memprune restore ARCHIVE` puts it back)")
+    skipped: list[Skipped] = Field(default_factory=list, description="dropped records that apply left alone: "
+                                   "someone changed or removed them between the decision and the apply")
     decisions: list[Verdict]
 
 

@@ -10,6 +10,18 @@ from memprune.serve.config import ServeConfig
 APP = "memprune"
 
 
+def check_stores(cfg: ServeConfig) -> None:
+    """Open every configured store with its mapping once: a store that cannot be opened, or lacks a mapped column,
+    is one line at startup, not a 400 on every /v1/prune."""
+    from memprune.stores import StoreError
+
+    for name, store in cfg.stores.items():
+        try:
+            store.open().close()
+        except StoreError as exc:
+            raise StoreError(f"stores.{name}: {exc}") from None
+
+
 def run(cfg: ServeConfig) -> dict[str, Any]:
     """Check the scorer, start Ray (or join `ray_address`) and the app; the summary: URL, scorer, stores."""
     from ray import serve
@@ -19,6 +31,7 @@ def run(cfg: ServeConfig) -> dict[str, Any]:
     from memprune.serve.app import build_app
 
     scorer = check_scorer(cfg.scorer)  # a broken artifact is one line here, not a replica crash loop
+    check_stores(cfg)
     ensure_ray(cfg.ray_address)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(cfg), name=APP, route_prefix="/", blocking=False)

@@ -29,8 +29,9 @@ from memprune.stores.export import scan_current
 ARCHIVE_DIR = "archive"
 
 
-def _diff(current: pa.Table, decision: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(added ids, changed ids, missing decision rows) between the store now and the decision."""
+def diff(current: pa.Table, decision: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(added ids, changed ids, missing decision rows) between the store now and the decision (both: id, hash;
+    the decision also keep)."""
     dec = decision.select(["id", "hash", "keep"]).rename_columns(["id", "dhash", "keep"])
     joined = current.join(dec, "id", join_type="full outer")
     cur_ids = pc.is_in(joined.column("id"), current.column("id"))
@@ -50,7 +51,7 @@ def apply_decision(store: Store, out: Path, summary: dict[str, Any], options: St
     decision = pq.read_table(out / "decision.parquet")
     decided = decision.filter(pc.is_valid(decision.column("score")))
     current = scan_current(store)
-    added, changed, missing = _diff(current, decision)
+    added, changed, missing = diff(current, decision)
     archive_dir = out / ARCHIVE_DIR
     dropped = decided.filter(pc.invert(decided.column("keep")))
     stray = missing.filter(pc.invert(pc.is_in(missing.column("id"), dropped.column("id"))))

@@ -31,6 +31,7 @@ NORMAL = pa.schema([
     pa.field("pin", pa.string()),
 ])
 PIN_TRUE, PIN_FALSE = ("true", "1"), ("false", "0", "")  # a pin value's text, lower-cased (null: not pinned)
+INTEGER = re.compile(r"-?[0-9]+")  # a group that an integer group column can hold (`raw_group`)
 KIND_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # what a store kind may be called (`table`, `mem0`, ...)
 STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 Partition = Callable[[], Iterator[pa.RecordBatch]]
@@ -139,8 +140,16 @@ class Store(ABC):
     def raw_partitions(self) -> list[Partition]:
         """Callables that each stream one partition's raw records as Arrow batches."""
 
+    def raw_group(self, group: str) -> list[Partition] | None:
+        """Callables streaming the raw records of one group only, filtered by the store itself (a Parquet or Lance
+        filter, a Mem0 payload filter); None when the kind cannot filter (`read_group` then filters a whole read)."""
+        return None
+
     def partitions(self) -> list[Partition]:
         """Callables that each stream one partition in the normal form."""
+        return self._normal(self.raw_partitions())
+
+    def _normal(self, parts: list[Partition]) -> list[Partition]:
         mapping, where = self.mapping, self.where
 
         def wrap(part: Partition) -> Partition:
@@ -148,12 +157,18 @@ class Store(ABC):
                 for batch in part():
                     yield from normalize(batch, mapping, where).to_batches()
             return read
-        return [wrap(p) for p in self.raw_partitions()]
+        return [wrap(p) for p in parts]
 
     def read(self) -> Iterator[pa.RecordBatch]:
         """Every record in the normal form, partition after partition (streaming)."""
         for part in self.partitions():
             yield from part()
+
+    def read_group(self, group: str) -> Iterator[pa.RecordBatch]:
+        """The records of `group` in the normal form; the store is asked for that group only where it can be."""
+        parts = self.raw_group(group)
+        for batch in self.read() if parts is None else (b for p in self._normal(parts) for b in p()):
+            yield batch.filter(pc.equal(batch.column("group"), group))
 
     @property
     def where(self) -> str:

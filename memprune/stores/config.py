@@ -38,6 +38,14 @@ def parse_map(text: str | None) -> dict[str, str]:
     return out
 
 
+def check_map(mapping: dict[str, str]) -> dict[str, str]:
+    """`mapping` (field -> column) when every field is known; else a ValueError naming the first unknown field."""
+    bad = [k for k in mapping if k not in FIELDS]
+    if bad:
+        raise ValueError(f"unknown map field {bad[0]!r} (fields: {', '.join(FIELDS)})")
+    return mapping
+
+
 class StoreOptions(ConfigModel):
     """How memprune reads an external store and what `--apply` does with the decision."""
 
@@ -51,10 +59,7 @@ class StoreOptions(ConfigModel):
     @field_validator("map")
     @classmethod
     def _fields(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if k not in FIELDS]
-        if bad:
-            raise ValueError(f"unknown map field {bad[0]!r} (fields: {', '.join(FIELDS)})")
-        return v
+        return check_map(v)
 
 
 class StorePruneConfig(PruneConfig):

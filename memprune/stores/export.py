@@ -110,7 +110,7 @@ def store_times(values: pa.Array | pa.ChunkedArray, column: str, ids: list[Any])
     return epoch_seconds(vals, column, ids)
 
 
-def _to_bullets(batch: pa.Table, times: bool = False) -> pa.Table:
+def to_bullets(batch: pa.Table, times: bool = False) -> pa.Table:
     """Usable normal-form rows as bullets columns (one session per group; no speaker, no evidence); with `times`
     the store's times as epoch seconds in `time` (checked by `check_lives` first), else `time` is null."""
     batch = batch.filter(pc.is_null(batch.column("reject")))
@@ -203,11 +203,11 @@ def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int =
     t2 = time.perf_counter()
     bullets.mkdir()
     if usable and usable <= sort_in_memory:  # small enough: one driver-side sort beats a distributed one
-        table = _to_bullets(pa.concat_tables([pq.read_table(f, schema=NORMAL) for f in files]), check_times)
+        table = to_bullets(pa.concat_tables([pq.read_table(f, schema=NORMAL) for f in files]), check_times)
         pq.write_table(table.sort_by([(k, "ascending") for k in SORT_KEYS]), bullets / "part-00000.parquet")
     elif usable:
         ds = ray.data.read_parquet(str(normal), ray_remote_args={"num_cpus": io_cpus})
-        ds = ds.map_batches(functools.partial(_to_bullets, times=check_times), batch_format="pyarrow", batch_size=None,
+        ds = ds.map_batches(functools.partial(to_bullets, times=check_times), batch_format="pyarrow", batch_size=None,
                             num_cpus=io_cpus)
         ds.sort(SORT_KEYS).write_parquet(str(bullets), ray_remote_args={"num_cpus": io_cpus})
         _rename_in_order(bullets)
@@ -231,11 +231,12 @@ def _rename_in_order(directory: Path) -> None:
         p.rename(directory / f"part-{i:05d}.parquet")
 
 
-def scan_current(store: Store) -> pa.Table:
-    """(id, hash) of every record the store holds now (streamed on the driver), for the apply check."""
+def scan_current(store: Store, group: str | None = None) -> pa.Table:
+    """(id, hash) of every record the store holds now (streamed on the driver), or of one `group`'s, for the apply
+    check."""
     ids: list[pa.Array] = []
     hashes: list[pa.Array] = []
-    for batch in store.read():
+    for batch in store.read() if group is None else store.read_group(group):
         ok = pc.and_(pc.is_valid(batch.column(0)), pc.not_equal(pc.fill_null(batch.column(0), ""), ""))
         b = batch.filter(ok)
         ids.append(b.column(0))

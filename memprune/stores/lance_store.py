@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.archive import DECISION_COLUMNS
-from memprune.stores.base import Partition, Store, chunks, register, sql_in
+from memprune.stores.base import INTEGER, Partition, Store, chunks, register, sql_in
 from memprune.stores.config import StoreError
 
 IN_CHUNK = 1000
@@ -56,6 +56,15 @@ class LanceStore(Store):
     def raw_partitions(self) -> list[Partition]:
         loc, cols = self.location, self.columns
         return [(lambda i=f.fragment_id: _read_fragment(loc, i, cols)) for f in self.ds.get_fragments()]
+
+    def raw_group(self, group: str) -> list[Partition]:
+        """One partition: the dataset scanned with the filter `GROUP = group` (Lance prunes fragments by it)."""
+        column = self.fields["group"]
+        numeric = pa.types.is_integer(self.ds.schema.field(column).type)
+        if numeric and not INTEGER.fullmatch(group):
+            return []  # no integer is this group
+        loc, cols, where = self.location, self.columns, sql_in(column, [group], numeric)
+        return [lambda: _open(loc).to_batches(columns=cols, filter=where, batch_size=65_536)]
 
     def fetch(self, ids: Sequence[str]) -> pa.Table:
         self.ds = _open(self.location)

@@ -89,23 +89,32 @@ class Mem0Store(Store):
             cols[k] = [None if (p.payload or {}).get(k) is None else str(p.payload[k]) for p in points]
         return pa.RecordBatch.from_pydict({k: pa.array(v, pa.string()) for k, v in cols.items()})
 
-    def _scroll(self, with_vectors: bool = False) -> Iterator[list[Any]]:
+    def _scroll(self, group: str | None = None) -> Iterator[list[Any]]:
+        """Every memory in pages, or (`group`) only those whose group key is `group` (a filter the backend runs)."""
+        key = self.fields["group"]
         if self.qdrant:
+            from qdrant_client import models
+
+            where = None if group is None else models.Filter(must=[models.FieldCondition(
+                key=key, match=models.MatchValue(value=group))])
             offset = None
             while True:
                 points, offset = self.vs.client.scroll(collection_name=self.vs.collection_name, limit=PAGE, offset=offset,
-                                                       with_payload=True, with_vectors=with_vectors)
+                                                       with_payload=True, with_vectors=False, scroll_filter=where)
                 if points:
                     yield points
                 if offset is None:
                     return
         else:  # any other backend: Mem0's own list (one call)
-            listed = self.vs.list(filters=None, top_k=10**9)
+            listed = self.vs.list(filters=None if group is None else {key: group}, top_k=10**9)
             rows = listed[0] if isinstance(listed, (list, tuple)) and listed and isinstance(listed[0], list) else listed
             yield list(rows or [])
 
     def raw_partitions(self) -> list[Partition]:
         return [lambda: (self._rows(points) for points in self._scroll())]
+
+    def raw_group(self, group: str) -> list[Partition]:
+        return [lambda: (self._rows(points) for points in self._scroll(group))]
 
     def fetch(self, ids: Sequence[str]) -> pa.Table:
         rows: dict[str, list[Any]] = {"id": [], PAYLOAD: [], VECTOR: []}

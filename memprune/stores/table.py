@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from memprune.archive import DECISION_COLUMNS
 from memprune.io import atomic_path
 from memprune.stores import records as rec
-from memprune.stores.base import Partition, Store, register
+from memprune.stores.base import INTEGER, Partition, Store, register
 from memprune.stores.config import StoreError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -106,6 +106,32 @@ def _batches(path: Path, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
         raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
 
+def _group_batches(path: Path, fields: dict[str, str], group: str) -> Iterator[pa.RecordBatch]:
+    """The records of one group: a Parquet file filtered by the reader (row groups whose statistics exclude it are
+    skipped) where its group column is text or integers; a CSV or JSONL file read whole (filtered after)."""
+    if _format(path) != "parquet":
+        yield from _text_batches(path, fields)
+        return
+    import pyarrow.dataset as pads
+
+    try:
+        data = pads.dataset(path, format="parquet")
+        column = fields["group"]
+        kind = data.schema.field(column).type
+        if pa.types.is_integer(kind):
+            if not INTEGER.fullmatch(group):
+                return  # no integer is this group
+            value: Any = int(group)
+        elif any(f(kind) for f in (pa.types.is_string, pa.types.is_large_string)):
+            value = group
+        else:
+            yield from data.to_batches(batch_size=BATCH)
+            return
+        yield from data.to_batches(filter=pads.field(column) == value, batch_size=BATCH)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
+
+
 def _write_text(path: Path, rf: rec.RecordFile) -> None:
     with atomic_path(path, keep_mode=True) as tmp:
         tmp.write_bytes(rec.encode(rf.render()))
@@ -157,6 +183,10 @@ class TableStore(Store):
     def raw_partitions(self) -> list[Partition]:
         fields = self.fields
         return [(lambda f=f: _batches(f, fields)) for f in self.files]
+
+    def raw_group(self, group: str) -> list[Partition]:
+        fields = self.fields
+        return [(lambda f=f: _group_batches(f, fields, group)) for f in self.files]
 
     def _parquet_ids(self, table: pa.Table, path: Path) -> pa.Array:
         name = self.fields["id"]
