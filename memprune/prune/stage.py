@@ -26,6 +26,7 @@ from memprune.prune.lifecycle import SESSION_TIME, TIME, epoch_seconds, format_d
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
 from memprune.prune.stats import empty_stats, summarize_stats
+from memprune.prune.supersede import JUDGED
 from memprune.prune.store import (
     STORE_DIR,
     block_rows_for,
@@ -301,7 +302,8 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                  "ties": "higher score first, then earlier input position"},
         "duplicates": stats.get("duplicates", 0),
         "lifecycle": None if life_info is None else {**life_info, "pinned": stats.get("pinned", 0),
-                                                     "age_unknown": stats.get("age_unknown", 0)},
+                                                     "age_unknown": stats.get("age_unknown", 0),
+                                                     **{k: stats.get(k, 0) for k in JUDGED if rule.supersede.on}},
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
                      "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
         "tokenizer": unit_name(config.tokenizer, scorer_info["encoder"]),
