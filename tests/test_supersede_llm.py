@@ -57,6 +57,8 @@ def test_a_missing_llm_config_is_one_line_before_any_work(scorer_dir, tmp_path):
 
     with pytest.raises(PruneError, match="update judge 'llm' needs an LLM config: set supersede.llm_config"):
         PruneRule.of(supersede={"judge": "llm"})
+    with pytest.raises(PruneError, match="configure an LLM update judge"):
+        PruneRule.of(supersede={"judge": "slot", "llm": {"engine": "hf", "model": "m"}})
     with pytest.raises(PruneError, match="no such model directory"):
         PruneRule.of(supersede={"judge": "llm", "llm": {"engine": "hf", "model": str(tmp_path / "none")}})
     out = tmp_path / "o"

@@ -391,16 +391,21 @@ def parse_answer(text: str | None) -> Parsed:
 _VERDICT_WORD = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
 
 
-def parse_qa_judge_strict(text: str) -> Parsed:
-    """The whole output (optionally fenced) is `{"verdict": "CORRECT"}` or `{"verdict": "WRONG"}`."""
+def _one_choice(text: str, key: str, choices: tuple[str, ...]) -> Parsed:
+    """The whole output (optionally fenced) is `{key: one of choices}`; the value is the choice."""
     obj, failed = _json_body(text)
     if failed is not None:
         return failed
-    if not isinstance(obj, dict) or set(obj) != {"verdict"}:
-        return Parsed(error="expected exactly {\"verdict\": ...}")
-    if obj["verdict"] not in VERDICTS:
-        return Parsed(error=f"verdict {obj['verdict']!r} is not one of {list(VERDICTS)}")
-    return Parsed(value=obj["verdict"], method="strict")
+    if not isinstance(obj, dict) or set(obj) != {key}:
+        return Parsed(error=f"expected exactly {{\"{key}\": ...}}")
+    if obj[key] not in choices:
+        return Parsed(error=f"{key} {obj[key]!r} is not one of {list(choices)}")
+    return Parsed(value=obj[key], method="strict")
+
+
+def parse_qa_judge_strict(text: str) -> Parsed:
+    """The whole output (optionally fenced) is `{"verdict": "CORRECT"}` or `{"verdict": "WRONG"}`."""
+    return _one_choice(text, "verdict", VERDICTS)
 
 
 def parse_qa_judge_lenient(text: str) -> Parsed:
@@ -433,14 +438,8 @@ _YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 def parse_update_strict(text: str) -> Parsed:
     """The whole output (optionally fenced) is `{"update": "yes"}` or `{"update": "no"}` -> True / False."""
-    obj, failed = _json_body(text)
-    if failed is not None:
-        return failed
-    if not isinstance(obj, dict) or set(obj) != {"update"}:
-        return Parsed(error="expected exactly {\"update\": ...}")
-    if obj["update"] not in ("yes", "no"):
-        return Parsed(error=f"update {obj['update']!r} is not 'yes' or 'no'")
-    return Parsed(value=obj["update"] == "yes", method="strict")
+    parsed = _one_choice(text, "update", ("yes", "no"))
+    return Parsed(value=parsed.value == "yes", method="strict") if parsed.ok else parsed
 
 
 def parse_update_lenient(text: str) -> Parsed:

@@ -63,10 +63,15 @@ class Supersede(ConfigModel):
     @model_validator(mode="after")
     def _llm(self) -> "Supersede":
         """A judge that needs an LLM has a valid LLM config whose model is there (read once, before any work)."""
-        if self.judge is not None and update_judge(self.judge).needs_llm:
-            if self.llm_config is None and self.llm is None:
-                raise ValueError(f"update judge {self.judge!r} needs an LLM config: set supersede.llm_config (a YAML "
-                                 "file, --supersede-llm FILE) or an inline supersede.llm section")
+        given = self.llm_config is not None or self.llm is not None
+        needs = self.judge is not None and update_judge(self.judge).needs_llm
+        if needs and not given:
+            raise ValueError(f"update judge {self.judge!r} needs an LLM config: set supersede.llm_config (a YAML "
+                             "file, --supersede-llm FILE) or an inline supersede.llm section")
+        if given and not needs:
+            raise ValueError(f"supersede.llm_config / supersede.llm configure an LLM update judge (llm), but the judge "
+                             f"is {self.judge!r}")
+        if needs:
             self.llm_settings().check_model()
         return self
 
