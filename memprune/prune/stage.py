@@ -87,13 +87,16 @@ def output_types(rule: PruneRule) -> dict[str, pa.DataType]:
 
 def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: list[Any]) -> str:
     """What the decision depends on (rule, scorer, input files' sizes and times, token unit; with retention its
-    resolved `now` and the usage log), as 16 hex digits."""
+    resolved `now` and the usage log; the LLM update judge's config), as 16 hex digits."""
     payload = {"rule": config.rule.model_dump(mode="json"), "score": config.score, "scorer": scorer_info,
                "tokenizer": config.tokenizer,
                "limit_rows": config.limit_rows, "columns": config.columns,
                "input": [(f.path, f.num_rows, *location(f.path).stamp()) for f in files]}
     if config.usage_log is not None:
         payload["usage_log"] = [(str(f), file_digest(f)) for f in usage_files(config.usage_log, error=PruneError)]
+    sup = config.rule.supersede
+    if sup.llm_config is not None or sup.llm is not None:  # the LLM update judge: its config's contents, not its path
+        payload["update_llm"] = sup.llm_settings().model_dump(mode="json")
     return digest(payload)[:16]
 
 
