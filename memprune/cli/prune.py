@@ -15,14 +15,15 @@ from memprune.cli.common import CONFIG, SET, _top_k, app, console, fail, run_sta
 
 # the supersession options `prune` and `score` share
 SUPERSEDE = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the same subject that "
-                         "the update JUDGE (slot, or llm with --supersede-llm) says updates an earlier one drops it (reason superseded, column "
-                         "superseded_by).")
+                         "the update JUDGE (slot, or llm with --supersede-llm) says updates an earlier one drops it "
+                         "(reason superseded, column superseded_by).")
 SUPERSEDE_SCOPE = typer.Option(None, "--supersede-scope", help="conversation (a store's user) or session [default: "
                                "conversation].")
 SUPERSEDE_SUBJECT = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about [default: speaker].")
 SUPERSEDE_BAND = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, below the dedup "
                               "threshold [default: 0.4:dedup threshold].")
-SUPERSEDE_LLM = typer.Option(None, "--supersede-llm", help="--supersede llm: YAML file of the judging LLM (configs/llm/).")
+SUPERSEDE_LLM = typer.Option(None, "--supersede-llm", help="--supersede llm: YAML file of the judging LLM "
+                             "(configs/llm/).")
 
 
 @app.command()
@@ -181,7 +182,8 @@ def _supersede_values(judge: Optional[str], scope: Optional[str], subject: Optio
         except ValueError:
             fail(f"--supersede-band: {band!r} is not LOW:HIGH (cosines, e.g. 0.5:0.85)")
     if judge is None and any(v is not None for v in (scope, subject, band, llm)):
-        fail("--supersede-scope/--supersede-subject/--supersede-band/--supersede-llm need --supersede JUDGE (e.g. slot)")
+        fail("--supersede-scope/--supersede-subject/--supersede-band/--supersede-llm need --supersede JUDGE "
+             "(e.g. slot)")
     return {"rule.supersede.judge": judge, "rule.supersede.scope": scope, "rule.supersede.subject": subject,
             "rule.supersede.low": low, "rule.supersede.high": high,
             "rule.supersede.llm_config": None if llm is None else str(llm)}

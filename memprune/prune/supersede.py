@@ -99,7 +99,8 @@ class Supersede(ConfigModel):
 
     def describe(self, dedup_threshold: float) -> str:
         lo, hi = self.band(dedup_threshold)
-        judge = f"{self.judge} ({self.llm_settings().describe('update')})" if self.llm_config or self.llm else self.judge
+        llm = self.llm_config is not None or self.llm is not None
+        judge = f"{self.judge} ({self.llm_settings().describe('update')})" if llm else self.judge
         return (f"a later bullet of the same {self.subject} that updates an earlier one supersedes it within the "
                 f"{self.scope} (judge {judge}, cosine in [{lo:g}, {hi:g}))")
 

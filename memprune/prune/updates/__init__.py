@@ -2,8 +2,8 @@
 
 The supersession step (`memprune.prune.supersede`) finds candidate pairs (same scope and subject, A earlier,
 cosine of the scorer's embeddings in the band) and asks the rule's judge about all of them at once. Each
-judge module (`slot`: built-in, no LLM; `llm`: asks an LLM) registers one `UpdateJudgeEntry` in `registry`; adding a judge is one
-module and one entry (its import below).
+judge module (`slot`: built-in, no LLM; `llm`: asks an LLM) registers one `UpdateJudgeEntry` in `registry`;
+adding a judge is one module and one entry (its import below).
 """
 
 from __future__ import annotations
