@@ -15,12 +15,17 @@ marks bullets `superseded`.
   value and one is kept, with supersession vs the same decision without it; unconditionally (over all updated
   slots) and conditional on the decision keeping the slot at all (any of its bullets)
 
+`--judge llm --llm CONFIG` measures the `llm` update judge instead (an LLM config YAML, configs/llm/; a GPU
+engine for a corpus of useful size): the same tables, plus the pairs without a verdict (answers that never
+parsed, counted as no update). `--lows` narrows the band sweep (each low is one more pass of the judge).
+
 `--fit` first fits the `slot` judge's network (one hidden layer, torch) on the candidate pairs of a seed-0 corpus
 (`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold (best pair F1) on the next
 third as many seed-0 conversations, and writes the judge's weights (`memprune/prune/updates/slot.safetensors`),
 which the measurement then reads.
 
     python bench/lifecycle_bench.py --conversations 120 --updates 0.3 --seed 1 2 [--fit]
+    python bench/lifecycle_bench.py --judge llm --llm configs/llm/vllm-gpu.yaml --conversations 120 --seed 1
 """
 
 from __future__ import annotations
@@ -187,29 +192,33 @@ def candidate_counts(a: np.ndarray, b: np.ndarray, c: np.ndarray, y: np.ndarray,
 
 def run_seed(seed: int, args: argparse.Namespace, scorer: Any, high: float) -> dict[str, Any]:
     from memprune.prune import MemoryPruner, score_and_embed
-    from memprune.prune.updates import slot
+    from memprune.prune.supersede import Supersede
+    from memprune.prune.updates import update_judge
 
     t0 = time.perf_counter()
     rows, truth = corpus(args.conversations, args.updates, seed)
     _, emb = score_and_embed(scorer, [r["text"] for r in rows], 128)
-    out: dict[str, Any] = {"seed": seed, "bullets": len(rows)}
+    out: dict[str, Any] = {"seed": seed, "judge": args.judge, "bullets": len(rows)}
     a, b, c, y = pairs_of(rows, truth, emb, -1.0, 1.01)  # every time-ordered same-subject pair
     out["candidates"] = candidate_counts(a, b, c, y, truth, (min(LOWS), high))
     band = (c >= min(LOWS)) & (c < high)
     a, b, c, y = a[band], b[band], c[band], y[band]
-    verdict = slot.judge(judge_pairs(rows, a, b, c, emb, scorer.embed))
+    judge = args.supersede
+    said = np.asarray(update_judge(args.judge).judge(judge_pairs(rows, a, b, c, emb, scorer.embed), Supersede(**judge)))
+    verdict = said > 0
     tp = int((verdict & y).sum())
     out["pairs"] = {"candidates": int(len(y)), "updates": int(y.sum()), "judged_updates": int(verdict.sum()),
+                    "no_verdict": int((said < 0).sum()),
                     "precision": tp / max(int(verdict.sum()), 1), "recall": tp / max(int(y.sum()), 1)}
 
     def pruner(low: float) -> MemoryPruner:
-        return MemoryPruner(scorer, supersede={"judge": "slot", "low": low}, min_keep=0, threshold=0.0)
+        return MemoryPruner(scorer, supersede={**judge, "low": low}, min_keep=0, threshold=0.0)
 
-    out["band"] = [measure(pruner, rows, truth, low) for low in LOWS]
+    out["band"] = [measure(pruner, rows, truth, low) for low in args.lows]
     groups = [(r["conversation_id"], r["session_index"]) for r in rows]
     out["newest_kept"] = {"budget_tokens_per_session": args.budget}
     for name, on in (("with", True), ("without", False)):
-        p = MemoryPruner(scorer, supersede={"judge": "slot"} if on else {}, budget_tokens=args.budget,
+        p = MemoryPruner(scorer, supersede=judge if on else {}, budget_tokens=args.budget,
                          tokenizer="whitespace")
         out["newest_kept"][name] = newest_kept(p.decisions(rows, groups)[1].keep, truth)
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -218,13 +227,13 @@ def run_seed(seed: int, args: argparse.Namespace, scorer: Any, high: float) -> d
 
 def markdown(r: dict[str, Any], high: float) -> str:
     cand, pr, nk = r["candidates"], r["pairs"], r["newest_kept"]
-    lines = [f"### seed {r['seed']} ({r['bullets']} bullets, {r['seconds']} s)", "",
+    lines = [f"### seed {r['seed']}, judge {r['judge']} ({r['bullets']} bullets, {r['seconds']} s)", "",
              f"stale bullets {cand['stale']}: with a later new value of their slot "
              f"{cand['stale_with_new_value_later']}, "
              f"with one in the band [{min(LOWS)}, {high}) {cand['stale_with_new_value_in_band']}; true pairs by cosine "
              + ", ".join(f"{k} {v}" for k, v in cand["true_pairs_by_cosine"].items()), "",
              f"candidate pairs in the band: {pr['candidates']}, updates {pr['updates']}; judge precision "
-             f"{pr['precision']:.3f}, recall {pr['recall']:.3f}", "",
+             f"{pr['precision']:.3f}, recall {pr['recall']:.3f}, without a verdict {pr['no_verdict']}", "",
              "| band low (high %g) | superseded | precision | recall | false supersession |" % high,
              "|---|---|---|---|---|"]
     lines += [f"| {b['low']:.1f} | {b['superseded']} | {b['precision']:.3f} | {b['recall']:.3f} | "
@@ -237,16 +246,28 @@ def markdown(r: dict[str, Any], high: float) -> str:
 
 
 def main() -> None:
+    from memprune.config import validate
+    from memprune.prune.supersede import Supersede
+    from memprune.prune.updates import UPDATE_JUDGES
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--conversations", type=int, default=120)
     ap.add_argument("--updates", type=float, default=0.3)
     ap.add_argument("--seed", type=int, nargs="+", default=[1], help="the corpora measured (not 0: --fit's)")
+    ap.add_argument("--judge", choices=sorted(UPDATE_JUDGES), default="slot", help="the update judge measured")
+    ap.add_argument("--llm", default=None, help="--judge llm: the LLM config YAML (configs/llm/)")
+    ap.add_argument("--lows", type=float, nargs="+", default=LOWS, help="the band's lower edges swept")
     ap.add_argument("--fit", action="store_true", help="fit the slot judge on seed 0 first and write its weights")
     ap.add_argument("--fit-conversations", type=int, default=300, help="the size of --fit's seed-0 corpus")
     ap.add_argument("--budget", type=int, default=40, help="tokens per session for the newest-kept comparison")
     ap.add_argument("--scorer", default=None, help="a scorer artifact (default: an untrained all-MiniLM-L6-v2 head)")
     ap.add_argument("--out", default="runs/bench-lifecycle")
     args = ap.parse_args()
+    args.supersede = {"judge": args.judge, **({"llm_config": args.llm} if args.llm else {})}
+    try:
+        validate(Supersede, args.supersede, "--judge/--llm")
+    except ValueError as exc:
+        ap.error(str(exc))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from memprune.prune import score_and_embed
     from memprune.prune.config import DEDUP_THRESHOLD

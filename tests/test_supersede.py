@@ -17,7 +17,7 @@ from memprune.prune import MemoryPruner, PruneError, PruneRule
 from memprune.prune.supersede import Supersede, find_superseded
 from memprune.prune.updates import UPDATE_JUDGES, UpdateJudgeEntry, register
 
-YES = register(UpdateJudgeEntry("yes", "every candidate pair is an update (tests)", lambda p: np.ones(len(p), bool)))
+YES = register(UpdateJudgeEntry("yes", "every candidate pair is an update (tests)", lambda p, s: np.ones(len(p), bool)))
 
 
 @st.composite
@@ -38,7 +38,7 @@ def scopes(draw):
 @given(s=scopes())
 def test_supersession_never_pins_crosses_subjects_or_scopes_or_guesses_time(s):
     n = len(s["scope"])
-    by = find_superseded(Supersede(judge="yes"), (0.5, 1.01), s["scope"], s["subject"], s["time"], s["session"],
+    by, _ = find_superseded(Supersede(judge="yes"), (0.5, 1.01), s["scope"], s["subject"], s["time"], s["session"],
                          ["t"] * n, s["emb"], None, s["pinned"])
     for a in np.flatnonzero(by >= 0):
         b = by[a]
@@ -62,7 +62,7 @@ def test_an_earlier_restatement_of_a_superseded_fact_goes_with_it():
     deg = np.radians([0.0, 18.0, 74.6])  # 0 ~ 1 (cosine 0.95, above the band), 1 -> 2 in the band, 0 -> 2 below it
     emb = np.c_[np.cos(deg), np.sin(deg)].astype(np.float32)
     args = (np.zeros(3, int), ["N"] * 3, np.array([0.0, 1.0, 2.0]), np.full(3, np.nan), ["t"] * 3, emb, None, None)
-    assert find_superseded(Supersede(judge="yes"), (0.5, 0.9), *args).tolist() == [2, 2, -1]
+    assert find_superseded(Supersede(judge="yes"), (0.5, 0.9), *args)[0].tolist() == [2, 2, -1]
 
 
 def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_bring_them_back():

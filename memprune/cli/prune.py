@@ -15,13 +15,15 @@ from memprune.cli.common import CONFIG, SET, _top_k, app, console, fail, run_sta
 
 # the supersession options `prune` and `score` share
 SUPERSEDE = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the same subject that "
-                         "the update JUDGE (slot) says updates an earlier one drops it (reason superseded, column "
-                         "superseded_by).")
+                         "the update JUDGE (slot, or llm with --supersede-llm) says updates an earlier one drops it "
+                         "(reason superseded, column superseded_by).")
 SUPERSEDE_SCOPE = typer.Option(None, "--supersede-scope", help="conversation (a store's user) or session [default: "
                                "conversation].")
 SUPERSEDE_SUBJECT = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about [default: speaker].")
 SUPERSEDE_BAND = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, below the dedup "
                               "threshold [default: 0.4:dedup threshold].")
+SUPERSEDE_LLM = typer.Option(None, "--supersede-llm", help="--supersede llm: YAML file of the judging LLM "
+                             "(configs/llm/).")
 
 
 @app.command()
@@ -66,6 +68,7 @@ def prune(
     supersede_scope: Optional[str] = SUPERSEDE_SCOPE,
     supersede_subject: Optional[str] = SUPERSEDE_SUBJECT,
     supersede_band: Optional[str] = SUPERSEDE_BAND,
+    supersede_llm: Optional[Path] = SUPERSEDE_LLM,
     map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
     apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records of the "
                                                       "decision in --out (decide without --apply first; name the policy)."),
@@ -86,7 +89,7 @@ def prune(
               "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
     values |= _store_values(map_, "flag" if apply_flag else "delete" if apply else None)
     values |= _lifecycle_values(pin_field, half_life, recall_boost, max_age, now, usage_log)
-    values |= _supersede_values(supersede, supersede_scope, supersede_subject, supersede_band)
+    values |= _supersede_values(supersede, supersede_scope, supersede_subject, supersede_band, supersede_llm)
     cfg, summary = run_stage(StorePruneConfig, run, config, set_, values | _top_k(top_k))
     r = summary["result"]
     console.print(f"{'would keep' if cfg.dry_run else 'kept'} {r['bullets_after']:.2f} of {r['bullets_before']:.2f} "
@@ -169,7 +172,7 @@ def _lifecycle_values(pin_field: Optional[str], half_life: Optional[str], recall
 
 
 def _supersede_values(judge: Optional[str], scope: Optional[str], subject: Optional[str],
-                      band: Optional[str]) -> dict[str, Any]:
+                      band: Optional[str], llm: Optional[Path] = None) -> dict[str, Any]:
     """The supersession options as config values; a band that is not LOW:HIGH is one error line."""
     low = high = None
     if band is not None:
@@ -178,10 +181,12 @@ def _supersede_values(judge: Optional[str], scope: Optional[str], subject: Optio
             low, high = float(lo), (float(hi) if hi else None)
         except ValueError:
             fail(f"--supersede-band: {band!r} is not LOW:HIGH (cosines, e.g. 0.5:0.85)")
-    if judge is None and any(v is not None for v in (scope, subject, band)):
-        fail("--supersede-scope/--supersede-subject/--supersede-band need --supersede JUDGE (e.g. slot)")
+    if judge is None and any(v is not None for v in (scope, subject, band, llm)):
+        fail("--supersede-scope/--supersede-subject/--supersede-band/--supersede-llm need --supersede JUDGE "
+             "(e.g. slot)")
     return {"rule.supersede.judge": judge, "rule.supersede.scope": scope, "rule.supersede.subject": subject,
-            "rule.supersede.low": low, "rule.supersede.high": high}
+            "rule.supersede.low": low, "rule.supersede.high": high,
+            "rule.supersede.llm_config": None if llm is None else str(llm)}
 
 
 def _store_values(map_: Optional[str], apply: Optional[str]) -> dict[str, Any]:

@@ -17,13 +17,13 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, read_yaml, validate
 
 Engine = Literal["vllm", "http", "hf"]
-Task = Literal["judge", "summarize", "reply", "answer", "qa_judge", "listwise"]
+Task = Literal["judge", "summarize", "reply", "answer", "qa_judge", "listwise", "update"]
 
 # max_tokens per task when `sampling.max_tokens` is not set: a judge answer is one small
 # JSON object, a session summary is a list of bullets, a reply is one dialogue utterance,
-# an answer is a short phrase, a QA verdict is one small JSON object.
+# an answer is a short phrase, a QA verdict and an update verdict are one small JSON object each.
 DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96, "answer": 64, "qa_judge": 24,
-                                      "listwise": 256}
+                                      "listwise": 256, "update": 16}
 
 
 class Sampling(ConfigModel):
@@ -84,6 +84,8 @@ class LLMConfig(ConfigModel):
     answer_prompt: str = Field("answer_v1", description="qa-eval answers: prompt template name or a file path.")
     qa_judge_prompt: str = Field("qa_judge_v1", description="qa-eval CORRECT/WRONG verdicts: template name or path.")
     listwise_prompt: str = Field("judge_listwise_v1", description="Listwise judge template (memprune/prompts or a path).")
+    update_prompt: str = Field("update_v1", description="Update judge (supersession): does a later note replace an "
+                               "earlier one? Template name in memprune/prompts or a file path.")
     likelihood_prompt: str = Field(
         "reply_v1", description="Likelihood judge: a reply template; the real turn is scored as the reply to it.")
     max_bullets: int = Field(10, ge=1, description="summarize: at most this many bullets per session.")
@@ -186,7 +188,7 @@ class LLMConfig(ConfigModel):
         """The prompt template used for `task`."""
         return {"judge": self.judge_prompt, "summarize": self.summarize_prompt, "reply": self.reply_prompt,
                 "answer": self.answer_prompt, "qa_judge": self.qa_judge_prompt,
-                "listwise": self.listwise_prompt, "loglik": self.likelihood_prompt}[task]
+                "listwise": self.listwise_prompt, "loglik": self.likelihood_prompt, "update": self.update_prompt}[task]
 
     def describe(self, task: Task) -> str:
         """A short id of engine, model and prompt, e.g. `vllm:Qwen2.5-7B-Instruct:judge_v1`."""

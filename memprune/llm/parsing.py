@@ -50,8 +50,16 @@ QA_JUDGE_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+UPDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"update": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["update"],
+    "additionalProperties": False,
+}
+
 # JSON schema per task; a task without one (reply, answer: free text) is never constrained.
-SCHEMAS: dict[str, dict[str, Any]] = {"judge": JUDGE_SCHEMA, "summarize": SUMMARY_SCHEMA, "qa_judge": QA_JUDGE_SCHEMA}
+SCHEMAS: dict[str, dict[str, Any]] = {"judge": JUDGE_SCHEMA, "summarize": SUMMARY_SCHEMA, "qa_judge": QA_JUDGE_SCHEMA,
+                                      "update": UPDATE_SCHEMA}
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
@@ -383,16 +391,21 @@ def parse_answer(text: str | None) -> Parsed:
 _VERDICT_WORD = re.compile(r"\b(CORRECT|INCORRECT|WRONG)\b", re.IGNORECASE)
 
 
-def parse_qa_judge_strict(text: str) -> Parsed:
-    """The whole output (optionally fenced) is `{"verdict": "CORRECT"}` or `{"verdict": "WRONG"}`."""
+def _one_choice(text: str, key: str, choices: tuple[str, ...]) -> Parsed:
+    """The whole output (optionally fenced) is `{key: one of choices}`; the value is the choice."""
     obj, failed = _json_body(text)
     if failed is not None:
         return failed
-    if not isinstance(obj, dict) or set(obj) != {"verdict"}:
-        return Parsed(error="expected exactly {\"verdict\": ...}")
-    if obj["verdict"] not in VERDICTS:
-        return Parsed(error=f"verdict {obj['verdict']!r} is not one of {list(VERDICTS)}")
-    return Parsed(value=obj["verdict"], method="strict")
+    if not isinstance(obj, dict) or set(obj) != {key}:
+        return Parsed(error=f"expected exactly {{\"{key}\": ...}}")
+    if obj[key] not in choices:
+        return Parsed(error=f"{key} {obj[key]!r} is not one of {list(choices)}")
+    return Parsed(value=obj[key], method="strict")
+
+
+def parse_qa_judge_strict(text: str) -> Parsed:
+    """The whole output (optionally fenced) is `{"verdict": "CORRECT"}` or `{"verdict": "WRONG"}`."""
+    return _one_choice(text, "verdict", VERDICTS)
 
 
 def parse_qa_judge_lenient(text: str) -> Parsed:
@@ -416,3 +429,34 @@ def parse_qa_judge_lenient(text: str) -> Parsed:
 def parse_qa_judge(text: str | None) -> Parsed:
     """Strict, then lenient; the error names both reasons and a snippet of the text."""
     return _strict_then_lenient(text, parse_qa_judge_strict, parse_qa_judge_lenient, "unparseable verdict")
+
+
+# ---------------------------------------------------------------- update (supersession's llm judge)
+
+_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def parse_update_strict(text: str) -> Parsed:
+    """The whole output (optionally fenced) is `{"update": "yes"}` or `{"update": "no"}` -> True / False."""
+    parsed = _one_choice(text, "update", ("yes", "no"))
+    return Parsed(value=parsed.value == "yes", method="strict") if parsed.ok else parsed
+
+
+def parse_update_lenient(text: str) -> Parsed:
+    """A JSON object whose `update` is yes/no or a boolean anywhere, else the first word yes/no (any case)."""
+    text = text or ""
+    for obj in _json_objects(text):
+        value = obj.get("update") if isinstance(obj, dict) else None
+        if isinstance(value, bool):
+            return Parsed(value=value, method="lenient")
+        if isinstance(value, str) and value.strip().lower() in ("yes", "no"):
+            return Parsed(value=value.strip().lower() == "yes", method="lenient")
+    match = _YES_NO.search(text)
+    if match is None:
+        return Parsed(error="no yes/no in the output")
+    return Parsed(value=match.group(1).lower() == "yes", method="lenient")
+
+
+def parse_update(text: str | None) -> Parsed:
+    """Strict, then lenient; the error names both reasons and a snippet of the text."""
+    return _strict_then_lenient(text, parse_update_strict, parse_update_lenient, "unparseable update verdict")

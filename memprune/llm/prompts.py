@@ -32,6 +32,7 @@ TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
     "qa_judge": frozenset({"question", "gold", "answer"}),
     "listwise": frozenset({"context", "target_speaker", "target", "bullets"}),
     "loglik": frozenset({"target_speaker", "context", "memory"}),  # a reply template: the target is scored
+    "update": frozenset({"earlier", "later"}),
 }
 NO_MEMORY = "(no memory notes)"
 
@@ -234,3 +235,8 @@ def qa_judge_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[
     values = {"question": _required_text(row, "question"), "gold": _required_text(row, "gold"),
               "answer": _required_text(row, "prediction")}
     return template.render(values)
+
+
+def update_messages(row: Mapping[str, Any], template: PromptTemplate) -> list[dict[str, str]]:
+    """The "does the later note replace the earlier one?" prompt for one (earlier, later) row."""
+    return template.render({"earlier": _required_text(row, "earlier"), "later": _required_text(row, "later")})

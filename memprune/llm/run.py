@@ -26,7 +26,15 @@ import pyarrow.compute as pc
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.engines import LLMError, full_replicas, generate
 from memprune.llm.lists import listwise_schema, parse_listwise
-from memprune.llm.parsing import SCHEMAS, parse_answer, parse_judge, parse_qa_judge, parse_reply, parse_summary
+from memprune.llm.parsing import (
+    SCHEMAS,
+    parse_answer,
+    parse_judge,
+    parse_qa_judge,
+    parse_reply,
+    parse_summary,
+    parse_update,
+)
 from memprune.llm.prompts import (
     PromptError,
     answer_messages,
@@ -37,6 +45,7 @@ from memprune.llm.prompts import (
     reply_messages,
     summarize_messages,
     turn_labels,
+    update_messages,
 )
 
 # An optional input column of any task: per-row sampling overrides as a JSON object with the keys
@@ -52,6 +61,7 @@ TASK_INPUTS: dict[str, tuple[str, ...]] = {
     "answer": ("memory", "question"),
     "qa_judge": ("question", "gold", "prediction"),
     "listwise": ("bullets", "context", "target", "target_speaker"),
+    "update": ("earlier", "later"),
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "judge": ("bullet", "context", "target"),
@@ -60,9 +70,10 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "answer": ("question",),
     "qa_judge": ("question", "gold", "prediction"),
     "listwise": ("bullets", "context", "target"),
+    "update": ("earlier", "later"),
 }
 # Tasks whose parsed value is one scalar (a score, a text, a verdict), stored as it is.
-SCALAR_TASKS = ("judge", "reply", "answer", "qa_judge", "listwise")  # listwise: one list of scores
+SCALAR_TASKS = ("judge", "reply", "answer", "qa_judge", "listwise", "update")  # listwise: a list; update: a bool
 COMMON_OUT = ("raw", "error", "attempts", "tokens_in", "tokens_out")
 
 BULLET_TYPE = pa.struct([
@@ -82,6 +93,7 @@ OUTPUT_FIELDS: dict[str, list[pa.Field]] = {
     "answer": [pa.field("prediction", pa.string()), pa.field("parse", pa.string())],
     "qa_judge": [pa.field("verdict", pa.string()), pa.field("parse", pa.string())],
     "listwise": [pa.field("scores", pa.list_(pa.float64())), pa.field("parse", pa.string())],
+    "update": [pa.field("update", pa.bool_()), pa.field("parse", pa.string())],
 }
 COMMON_FIELDS = [
     pa.field("raw", pa.string()),
@@ -156,6 +168,8 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
                 messages = answer_messages(row, template)
             elif task == "qa_judge":
                 messages = qa_judge_messages(row, template)
+            elif task == "update":
+                messages = update_messages(row, template)
             else:
                 messages = summarize_messages(row, template, config.max_bullets)
                 state["_mp_labels"] = json.dumps(turn_labels(row["turns"]))
@@ -181,6 +195,8 @@ def _parse(task: Task, text: str | None, state: dict[str, Any]) -> Any:
         return parse_answer(text)
     if task == "qa_judge":
         return parse_qa_judge(text)
+    if task == "update":
+        return parse_update(text)
     labels = json.loads(state["_mp_labels"] or "{}")
     speakers = set(json.loads(state["_mp_speakers"] or "[]"))
     return parse_summary(text, labels, speakers)
@@ -227,6 +243,9 @@ def finish_rows(rows: list[dict[str, Any]], task: Task) -> list[dict[str, Any]]:
             item["score"] = float(result) if ok else None
         elif task in ("reply", "answer", "qa_judge"):
             item[OUTPUT_FIELDS[task][0].name] = str(result) if ok else None
+            item["parse"] = row.get("_mp_method") if ok else None
+        elif task == "update":
+            item["update"] = bool(result) if ok else None
             item["parse"] = row.get("_mp_method") if ok else None
         elif task == "listwise":
             item["scores"] = [float(v) for v in result] if ok else None

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,7 +69,7 @@ class Decision:
     """Per bullet: kept?, the reason it goes (None when kept), its cluster's representative (-1: none),
     kept only by min-keep (`rescued`); pinned, and pinned bullets a step would have dropped (`protected`);
     with retention, the effective score (score x retention) and the retention factor; with supersession the
-    index of the bullet that supersedes each (-1: none)."""
+    index of the bullet that supersedes each (-1: none) and the update judge's counts."""
 
     keep: np.ndarray
     reason: np.ndarray
@@ -80,6 +80,7 @@ class Decision:
     effective: np.ndarray | None = None
     retention: np.ndarray | None = None
     superseded_by: np.ndarray | None = None
+    judged: dict[str, int] | None = None  # with supersession: the update judge's counts (`supersede.JUDGED`)
 
     def reason_counts(self) -> dict[str, int]:
         """How many bullets go for each reason (every reason listed, zeros included)."""
@@ -268,15 +269,17 @@ def decide_policy(
     dup = None
     if rule.dedup:
         dup = find_duplicates(stand.effective, codes, texts, embeddings, rule.dedup_threshold, order, stand.priority)
-    return apply_policy(scores, codes, rule, tokens, dup, order, stand,
-                        superseded(rule, life, stand, texts, embeddings, dup, encode))
+    sup, judged = superseded(rule, life, stand, texts, embeddings, dup, encode)
+    return replace(apply_policy(scores, codes, rule, tokens, dup, order, stand, sup), judged=judged)
 
 
 def superseded(rule: "PruneRule", life: Life | None, stand: Standing, texts: Sequence[str] | None,
-               embeddings: np.ndarray | None, duplicate_of: np.ndarray | None, encode: Any = None) -> np.ndarray | None:
-    """`find_superseded` with the rule's settings and `life`'s scope, subject and times (None: supersession off)."""
+               embeddings: np.ndarray | None, duplicate_of: np.ndarray | None, encode: Any = None
+               ) -> tuple[np.ndarray | None, dict[str, int] | None]:
+    """`find_superseded` with the rule's settings and `life`'s scope, subject and times: (superseded_by, the judge's
+    counts); (None, None) with supersession off."""
     if not rule.supersede.on:
-        return None
+        return None, None
     if life is None or life.scope is None or texts is None:
         raise ValueError("supersession needs each bullet's scope, subject and time (Life) and texts")
     return find_superseded(rule.supersede, rule.supersede.band(rule.dedup_threshold), life.scope, life.subject or [],

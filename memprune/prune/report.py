@@ -98,6 +98,10 @@ def lifecycle_lines(life: dict[str, Any] | None, result: dict[str, Any]) -> list
         lines.append(f"Supersession: judge `{sup['judge']}` within each {sup['scope']}, same `{sup['subject']}`, "
                      f"cosine in [{sup['low']:g}, {high}); {result['dropped_by_reason'].get('superseded', 0)} bullets "
                      "superseded by a later update (column `superseded_by`).")
+        if "supersede_pairs" in life:
+            lines.append(f"Update judge: {life['supersede_pairs']} candidate pairs judged, {life['supersede_updates']} "
+                         f"updates, {life['supersede_no_verdict']} without a verdict (an LLM answer that never "
+                         "parsed: not an update).")
     if life.get("now"):
         steps = []
         if life.get("half_life"):

@@ -26,6 +26,7 @@ from memprune.prune.lifecycle import SESSION_TIME, TIME, epoch_seconds, format_d
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
 from memprune.prune.stats import empty_stats, summarize_stats
+from memprune.prune.supersede import JUDGED
 from memprune.prune.store import (
     STORE_DIR,
     block_rows_for,
@@ -86,13 +87,16 @@ def output_types(rule: PruneRule) -> dict[str, pa.DataType]:
 
 def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: list[Any]) -> str:
     """What the decision depends on (rule, scorer, input files' sizes and times, token unit; with retention its
-    resolved `now` and the usage log), as 16 hex digits."""
+    resolved `now` and the usage log; the LLM update judge's config), as 16 hex digits."""
     payload = {"rule": config.rule.model_dump(mode="json"), "score": config.score, "scorer": scorer_info,
                "tokenizer": config.tokenizer,
                "limit_rows": config.limit_rows, "columns": config.columns,
                "input": [(f.path, f.num_rows, *location(f.path).stamp()) for f in files]}
     if config.usage_log is not None:
         payload["usage_log"] = [(str(f), file_digest(f)) for f in usage_files(config.usage_log, error=PruneError)]
+    sup = config.rule.supersede
+    if sup.llm_config is not None or sup.llm is not None:  # the LLM update judge: its config's contents, not its path
+        payload["update_llm"] = sup.llm_settings().model_dump(mode="json")
     return digest(payload)[:16]
 
 
@@ -301,7 +305,8 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                  "ties": "higher score first, then earlier input position"},
         "duplicates": stats.get("duplicates", 0),
         "lifecycle": None if life_info is None else {**life_info, "pinned": stats.get("pinned", 0),
-                                                     "age_unknown": stats.get("age_unknown", 0)},
+                                                     "age_unknown": stats.get("age_unknown", 0),
+                                                     **{k: stats.get(k, 0) for k in JUDGED if rule.supersede.on}},
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
                      "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
         "tokenizer": unit_name(config.tokenizer, scorer_info["encoder"]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from memprune.prune.config import PruneRule
 from memprune.prune.lifecycle import Life, standing
 from memprune.prune.policy import Decision, apply_policy, find_duplicates, reasons, superseded
 from memprune.prune.rule import group_codes
+from memprune.prune.supersede import JUDGED
 
 
 def stable_hash(key: Any) -> int:
@@ -32,7 +34,7 @@ def empty_stats(settings: Sequence[PruneRule]) -> dict[str, Any]:
     """Additive counters of the prune job (merged over blocks by `merge_stats`)."""
     return {
         "rows": 0, "groups": 0, "tokens": 0, "score_sum": 0.0, "score_min": None, "score_max": None,
-        "duplicates": 0, "pinned": 0, "age_unknown": 0,
+        "duplicates": 0, "pinned": 0, "age_unknown": 0, **dict.fromkeys(JUDGED, 0),
         "settings": {r.name: {"kept": 0, "tokens_kept": 0, "groups_emptied": 0, "groups_over_budget": 0, "rescued": 0,
                               "kept_by_pin": 0, "reasons": dict.fromkeys(reasons(), 0), "kept_hist": {}}
                      for r in settings},
@@ -63,14 +65,15 @@ def block_stats(
     stand = standing(scores, main.retention, life)
     dup = (find_duplicates(stand.effective, codes, texts, embeddings, main.dedup_threshold, order, stand.priority)
            if main.dedup else None)
-    sup = superseded(main, life, stand, texts, embeddings, dup, encode)
+    sup, judged = superseded(main, life, stand, texts, embeddings, dup, encode)
+    stats.update(judged or {})
     stats["duplicates"] = int((dup >= 0).sum()) if dup is not None else 0
     stats["pinned"] = int(stand.pinned.sum())
     stats["age_unknown"] = int((~stand.age_known).sum()) if main.retention.on else 0
     decisions = []
     for rule in settings:
         d = apply_policy(scores, codes, rule, tokens, dup, order, stand, sup)
-        decisions.append(d)
+        decisions.append(replace(d, judged=judged))
         kept = np.bincount(codes[d.keep], minlength=n_groups)
         budgeted = d.keep & ~stand.pinned  # pinned bullets stand outside the budget
         kept_tokens = np.bincount(codes[budgeted], weights=tokens[budgeted], minlength=n_groups)
@@ -88,7 +91,7 @@ def block_stats(
 def merge_stats(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Sum two counter dicts from `block_stats`/`empty_stats` (min/max combined, histograms added)."""
     out = dict(a)
-    for key in ("rows", "groups", "tokens", "score_sum", "duplicates", "pinned", "age_unknown"):
+    for key in ("rows", "groups", "tokens", "score_sum", "duplicates", "pinned", "age_unknown", *JUDGED):
         out[key] = a.get(key, 0) + b.get(key, 0)
     for key, fn in (("score_min", min), ("score_max", max)):
         vals = [v for v in (a[key], b[key]) if v is not None]

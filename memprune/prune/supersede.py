@@ -17,15 +17,18 @@ of one subject (`Supersede.subject`, e.g. `speaker`) that represent their duplic
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
-from memprune.prune.updates import Pairs, update_judge
+from memprune.llm import LLMConfig
+from memprune.prune.updates import NO_VERDICT, Pairs, update_judge
 
 SUPERSEDED = "superseded"
+JUDGED = ("supersede_pairs", "supersede_updates", "supersede_no_verdict")  # the judge's counters (prune.json)
 SCOPE_KEYS: dict[str, tuple[str, ...]] = {"conversation": ("conversation_id",),
                                           "session": ("conversation_id", "session_index")}
 
@@ -42,6 +45,8 @@ class Supersede(ConfigModel):
     low: float = Field(0.4, ge=-1.0, le=1.0, description="candidate pairs: cosine >= low")
     high: float | None = Field(None, ge=-1.0, le=1.0,
                                description="... and cosine < high (default: the dedup threshold)")
+    llm_config: str | None = Field(None, description="judge llm: a YAML file of memprune.llm.LLMConfig fields")
+    llm: dict[str, Any] | None = Field(None, description="judge llm: LLMConfig fields inline (merged over llm_config)")
 
     @field_validator("judge")
     @classmethod
@@ -49,6 +54,30 @@ class Supersede(ConfigModel):
         if v is not None:
             update_judge(v)
         return v
+
+    @field_validator("llm_config")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:  # workers may run in another directory
+        return None if v is None else str(Path(v).expanduser().resolve())
+
+    @model_validator(mode="after")
+    def _llm(self) -> "Supersede":
+        """A judge that needs an LLM has a valid LLM config whose model is there (read once, before any work)."""
+        given = self.llm_config is not None or self.llm is not None
+        needs = self.judge is not None and update_judge(self.judge).needs_llm
+        if needs and not given:
+            raise ValueError(f"update judge {self.judge!r} needs an LLM config: set supersede.llm_config (a YAML "
+                             "file, --supersede-llm FILE) or an inline supersede.llm section")
+        if given and not needs:
+            raise ValueError(f"supersede.llm_config / supersede.llm configure an LLM update judge (llm), but the judge "
+                             f"is {self.judge!r}")
+        if needs:
+            self.llm_settings().check_model()
+        return self
+
+    def llm_settings(self) -> LLMConfig:
+        """The LLM config of an LLM update judge: `llm_config`, then the inline `llm` fields."""
+        return LLMConfig.resolve(self.llm_config, self.llm, None)
 
     @model_validator(mode="after")
     def _band(self) -> "Supersede":
@@ -70,8 +99,10 @@ class Supersede(ConfigModel):
 
     def describe(self, dedup_threshold: float) -> str:
         lo, hi = self.band(dedup_threshold)
+        llm = self.llm_config is not None or self.llm is not None
+        judge = f"{self.judge} ({self.llm_settings().describe('update')})" if llm else self.judge
         return (f"a later bullet of the same {self.subject} that updates an earlier one supersedes it within the "
-                f"{self.scope} (judge {self.judge}, cosine in [{lo:g}, {hi:g}))")
+                f"{self.scope} (judge {judge}, cosine in [{lo:g}, {hi:g}))")
 
 
 def later(time: np.ndarray, session: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
@@ -124,12 +155,14 @@ def find_superseded(
     settings: Supersede, band: tuple[float, float], scope: np.ndarray, subject: Sequence[Any], time: np.ndarray,
     session: np.ndarray, texts: Sequence[str], embeddings: np.ndarray | None, duplicate_of: np.ndarray | None,
     pinned: np.ndarray | None, encode: Callable[[list[str]], np.ndarray] | None = None,
-) -> np.ndarray:
-    """Index of the bullet that supersedes each bullet (-1: none); see the module docstring."""
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Index of the bullet that supersedes each bullet (-1: none), see the module docstring; and the judge's counts
+    (`JUDGED`: pairs judged, updates found, pairs without a verdict (an LLM answer that never parsed))."""
     n = len(texts)
     out = np.full(n, -1, dtype=np.int64)
+    counts = dict.fromkeys(JUDGED, 0)
     if n < 2:
-        return out
+        return out, counts
     if embeddings is None:
         raise ValueError("supersession needs the scorer's embeddings (a scorer with embed())")
     # one pass over the pairs: those in the band go to the judge, those above it are restatements (below)
@@ -137,12 +170,14 @@ def find_superseded(
     judged = c < band[1]
     a, b, c = pa_[judged], pb[judged], c[judged]
     if not len(a):
-        return out
+        return out, counts
     entry = update_judge(str(settings.judge))
     emb = np.asarray(embeddings)
-    verdict = np.asarray(entry.judge(Pairs([texts[k] for k in a], [texts[k] for k in b], c, encode, emb[a], emb[b])),
-                         dtype=bool)
-    a, b = a[verdict], b[verdict]
+    verdict = np.asarray(entry.judge(Pairs([texts[k] for k in a], [texts[k] for k in b], c, encode, emb[a], emb[b]),
+                                     settings), dtype=np.int64)
+    counts.update(supersede_pairs=len(a), supersede_updates=int((verdict > 0).sum()),
+                  supersede_no_verdict=int((verdict == NO_VERDICT).sum()))
+    a, b = a[verdict > 0], b[verdict > 0]
     for k in np.lexsort((b, np.nan_to_num(session[b], nan=-np.inf), np.nan_to_num(time[b], nan=-np.inf))):
         out[a[k]] = b[k]  # in time order: the latest B that updates A wins
     # an earlier restatement of a superseded fact (cosine >= high: the same fact in another session) goes with it
@@ -150,6 +185,6 @@ def find_superseded(
     while len(r):
         move = (out[r] < 0) & (out[r2] >= 0)
         if not move.any():
-            return out
+            break
         out[r[move]] = out[r2[move]]
-    return out
+    return out, counts

@@ -2,13 +2,20 @@
 
 The supersession step (`memprune.prune.supersede`) finds candidate pairs (same scope and subject, A earlier,
 cosine of the scorer's embeddings in the band) and asks the rule's judge about all of them at once. Each
-judge module (`slot`: built-in, no LLM) registers one `UpdateJudgeEntry` in `registry`; adding a judge is one
-module and one entry (its import below).
+judge module (`slot`: built-in, no LLM; `llm`: asks an LLM) registers one `UpdateJudgeEntry` in `registry`;
+adding a judge is one module and one entry (its import below).
 """
 
 from __future__ import annotations
 
-from memprune.prune.updates import slot  # noqa: F401  (the judges register themselves)
-from memprune.prune.updates.registry import UPDATE_JUDGES, Pairs, UpdateJudgeEntry, register, update_judge
+from memprune.prune.updates import llm, slot  # noqa: F401  (the judges register themselves)
+from memprune.prune.updates.registry import (
+    NO_VERDICT,
+    UPDATE_JUDGES,
+    Pairs,
+    UpdateJudgeEntry,
+    register,
+    update_judge,
+)
 
-__all__ = ["UPDATE_JUDGES", "Pairs", "UpdateJudgeEntry", "register", "update_judge"]
+__all__ = ["NO_VERDICT", "UPDATE_JUDGES", "Pairs", "UpdateJudgeEntry", "register", "update_judge"]

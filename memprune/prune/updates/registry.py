@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,12 +28,18 @@ class Pairs:
 
 @dataclass(frozen=True)
 class UpdateJudgeEntry:
-    """One update judge: its name (`supersede.judge`), what it is, and `judge(pairs) -> bool per pair`."""
+    """One update judge: its name (`supersede.judge`), what it is, and `judge(pairs, settings)` (settings: the rule's
+    `Supersede`) -> per pair 1 (B updates A), 0 (it does not) or `NO_VERDICT` (no answer: counted, not an update).
+    `needs_llm`: it reads `settings.llm_settings()` (an LLM config is then required)."""
 
     name: str
     description: str
-    judge: Callable[[Pairs], np.ndarray]
+    judge: Callable[[Pairs, Any], np.ndarray]
     needs_encoder: bool = False
+    needs_llm: bool = False
+
+
+NO_VERDICT = -1
 
 
 UPDATE_JUDGES: dict[str, UpdateJudgeEntry] = {}

@@ -19,6 +19,7 @@ import functools
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -93,7 +94,7 @@ def probability(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-(h @ w["w2"] + w["b2"][0])))
 
 
-def judge(pairs: Pairs) -> np.ndarray:
+def judge(pairs: Pairs, settings: Any = None) -> np.ndarray:
     """B updates A where the probability is >= the fitted threshold; a pair that differs in no word (or one side
     only adds words) is never an update."""
     if not len(pairs):
