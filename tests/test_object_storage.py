@@ -255,3 +255,29 @@ def test_evaluate_commits_its_outputs_on_object_storage_as_it_does_locally(bucke
     assert json.loads((root / ".memprune.json").read_text())["state"] == "done"
     assert set(root.files()) == {p.name for p in (tmp_path / "out").iterdir()}
     assert json.loads((root / "metrics.json").read_text())["splits"] == local["splits"]
+
+
+def test_label_reads_the_corpus_from_s3_commits_there_and_resumes_on_another_node(bucket: str, msc_small: Path,
+                                                                                  tmp_path: Path, monkeypatch) -> None:
+    """`label --data s3://... --out s3://...`: the output set committed on the bucket (marker `done`), the tables byte
+    for byte those of a local run; a rerun on a node with an empty cache reuses every shard from `OUT/.work`."""
+    from memprune.label import LabelConfig
+    from memprune.label import run as label
+
+    data = upload(msc_small, f"{bucket}/data")
+    local = label(LabelConfig(data=msc_small, out=tmp_path / "local", shard_size=48, progress=False))
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-a"))
+    out = f"{bucket}/labels"
+    res = _cli("label", "--data", data, "--out", out, "--shard-size", "48", "--no-progress")
+    assert res.exit_code == 0, res.output
+    root = location(out)
+    info = _marker(root)
+    assert info["state"] == "done" and set(info["files"]) == {p.name for p in (tmp_path / "local").iterdir()
+                                                                if not p.name.startswith(".")}
+    for name in ("pairs.parquet", "labels.parquet", "unlabelled.jsonl"):
+        assert (root / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-b"))
+    again = label(LabelConfig(data=data, out=out, shard_size=48, progress=False))
+    assert again["throughput"]["shards_reused"] == local["throughput"]["shards_total"] > 2
+    assert again["work_dir"].startswith(f"{out}/.work/")
+    assert (root / "labels.parquet").read_bytes() == (tmp_path / "local" / "labels.parquet").read_bytes()

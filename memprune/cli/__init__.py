@@ -115,8 +115,10 @@ def summarize(
 
 @app.command()
 def label(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Directory with sessions.parquet and bullets.parquet."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (pairs/labels.parquet, label.json)."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Directory or URI with sessions.parquet and "
+                                                                  "bullets.parquet."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or URI (s3://...): "
+                                                                "pairs/labels.parquet, label.json."),
     source: Optional[str] = typer.Option(None, "--source", help="judge (default), qa (QA evidence) or usage (a usage log)."),
     usage_log: Optional[Path] = typer.Option(None, "--usage-log", help="usage: log file (.parquet/.jsonl) or dir of them."),
     qa_grading: Optional[str] = typer.Option(None, "--qa-grading", help="qa: binary (default) or graded (by citing questions)."),
