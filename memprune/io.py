@@ -300,6 +300,9 @@ def check_out(out: str | os.PathLike[str], step: str) -> Path:
     return p
 
 
+SCRATCH = (".staging-", ".work/", "ray/")  # what a run puts under a URI `out` before its first commit
+
+
 def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
     """`out` (a local directory or a storage URI) as a `memprune.storage.Location`, checked before any work: a local
     one as `check_out` does; a URI's bucket must exist, and a prefix holding files must be a memprune output."""
@@ -313,7 +316,7 @@ def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
     if loc.is_file():
         raise MemPruneError(f"--out {loc}: is an object, not a prefix; the {step} output must be a prefix")
     files = loc.files()
-    if files and MARKER not in files and not all(n.startswith((".staging-", ".work/")) for n in files):
+    if files and MARKER not in files and not all(n.startswith(SCRATCH) for n in files):
         first = min(files)
         raise MemPruneError(f"--out {loc}: holds {len(files)} object(s) (e.g. {first}) but no {MARKER}: not a memprune "
                             "output; give an empty or new prefix")

@@ -211,13 +211,13 @@ def _label_weights(items: Optional[list[str]]) -> Optional[dict[str, float]]:
 
 @app.command()
 def train(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
-    labels: Optional[list[Path]] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet (`memprune label`); repeat to mix tables."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Corpus dir or URI with bullets.parquet."),
+    labels: Optional[list[str]] = typer.Option(None, "--labels", "-l", help="Dir or URI with labels.parquet (`memprune label`); repeat to mix tables."),
     label_weight: Optional[list[str]] = typer.Option(None, "--label-weight", help="SOURCE=W loss weight per label source, e.g. qa=5 (repeatable)."),
     label_weight_by: Optional[str] = typer.Option(None, "--label-weight-by", help="none (default) or agreement: also "
                                                   "weigh rows by the judges' agreement (consensus labels)."),
     folds: Optional[int] = typer.Option(None, "--folds", help="k-fold by conversation: OUT/fold<i>/, pooled evaluation."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: <stage>/seed<k>/, run.json, train.md."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): <stage>/seed<k>/, run.json, train.md."),
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of vanilla,stage1,stage2 (default all)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma list of seeds (default 0,1,2)."),
     encoder: Optional[str] = typer.Option(None, "--encoder", help="Encoder path or hub id (default local all-MiniLM-L6-v2)."),
@@ -248,7 +248,10 @@ def train(
             console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"
                           f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
         console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
-        if evaluate:
+        if evaluate and isinstance(cfg.out, str):
+            console.print("[yellow]note:[/] no evaluation of a run on object storage yet (evaluate reads a local run "
+                          "directory); run `memprune evaluate` on a copy of it", highlight=False)
+        elif evaluate:
             from memprune.evaluate import EvalConfig
             from memprune.evaluate import run as run_evaluate
 
