@@ -322,3 +322,20 @@ def test_train_reads_corpus_and_labels_from_s3_and_commits_the_run_there(ray_loc
     monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-b"))
     again = train(TrainConfig.model_validate({**tiny, "data": data, "labels": [labels], "out": out}))
     assert [r["reused"] for r in again["runs"]] == [True, True]
+
+
+def test_synth_and_ingest_write_their_corpus_tables_to_s3_as_they_do_locally(bucket: str, tmp_path: Path) -> None:
+    """`synth --out s3://...` and `ingest --out s3://...`: the tables committed on the bucket, byte for byte the local
+    ones."""
+    source = Path(__file__).resolve().parent / "fixtures" / "locomo_mini.json"
+    for args, tables in ((["synth", "-n", "3"], ("sessions.parquet", "bullets.parquet")),
+                         (["ingest", "--format", "locomo", "--input", str(source)], ("sessions.parquet", "qa.parquet"))):
+        local, out = tmp_path / args[0], f"{bucket}/{args[0]}"
+        for where in (str(local), out):
+            res = _cli(*args, "--out", where)
+            assert res.exit_code == 0, res.output
+        root = location(out)
+        assert _marker(root)["state"] == "done"
+        assert set(root.files()) == {p.name for p in local.iterdir()}
+        for name in tables:
+            assert (root / name).read_bytes() == (local / name).read_bytes(), name

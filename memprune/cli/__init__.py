@@ -37,7 +37,8 @@ from memprune.cli.common import (  # noqa: F401  (app, main: the executable's en
 def ingest(
     format: Optional[str] = typer.Option(None, "--format", "-f", help="Input format: msc, locomo or jsonl."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source file or directory."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for the corpus tables."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or URI (s3://...) for the corpus "
+                                                                "tables."),
     split: Optional[str] = typer.Option(None, "--split", help="Split to read where the layout has splits (msc: valid)."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
@@ -67,7 +68,7 @@ def stats(data: Path = typer.Argument(..., help="A directory written by `memprun
 def synth(
     conversations: Optional[int] = typer.Option(None, "--conversations", "-n", help="Number of conversations [default: 100]."),
     sessions: Optional[int] = typer.Option(None, "--sessions", "-s", help="Sessions per conversation [default: 4]."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or URI (s3://...)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; same seed, same corpus [default: 0]."),
     facts: Optional[int] = typer.Option(None, "--facts", help="Durable facts in each speaker's persona (1..20) [default: 6]."),
     oneoffs: Optional[int] = typer.Option(None, "--oneoffs", help="Mean one-off remarks per speaker per session [default: 2]."),
