@@ -289,14 +289,15 @@ def cache_root() -> Path:
         return Path(tempfile.gettempdir()) / "memprune-cache"
 
 
-def fetch_dir(value: str | os.PathLike[str] | Location, what: str = "artifact") -> Path:
+def fetch_dir(value: str | os.PathLike[str] | Location, what: str = "artifact", skip: tuple[str, ...] = ()) -> Path:
     """A local directory with the files of `value`: the path itself when local; else a copy in this node's cache,
-    fetched once and reused while the remote listing (names and sizes) is unchanged."""
+    fetched once and reused while the remote listing (names and sizes) is unchanged. Files whose relative path
+    starts with one of `skip` (e.g. `ray/`, a run's Ray Train checkpoints) are left out."""
     loc = location(value, what)
     if loc.local:
         return Path(loc.path)
     loc.check_reachable()
-    listing = loc.files()
+    listing = {n: size for n, size in loc.files().items() if not n.startswith(skip)} if skip else loc.files()
     if not listing:
         raise StorageError(f"{what} {loc.uri}: no such directory (no files under it)")
     key = hashlib.sha256(repr((loc.uri, sorted(listing.items()))).encode()).hexdigest()[:20]

@@ -58,12 +58,13 @@ class WorkDir:
     it resumes as a local one does."""
 
     def __init__(self, out: str | Path, payload: dict[str, Any]) -> None:
-        from memprune.storage import cache_root, is_uri, location
+        from memprune.storage import cache_root, location
 
         self.fingerprint = digest(payload)
-        self.remote = location(out).join(".work", self.fingerprint[:16]) if is_uri(out) else None
+        loc = location(out)
+        self.remote = None if loc.local else loc.join(".work", self.fingerprint[:16])
         if self.remote is None:
-            self.path = Path(out) / ".work" / self.fingerprint[:16]
+            self.path = Path(out if not str(out).startswith("file://") else loc.path) / ".work" / self.fingerprint[:16]
         else:
             self.path = cache_root() / "work" / digest(self.remote.uri)[:16]
             for name in self.remote.files():

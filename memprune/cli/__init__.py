@@ -249,15 +249,12 @@ def train(
             console.print(f"{stage}: {len(entry['seeds'])} seed(s), val MSE {mse.get('mean', float('nan')):.4f}"
                           f" ± {mse.get('std', float('nan')):.4f}", highlight=False)
         console.print(f"trained in {summary['wall_s']:.1f} s -> {summary['out']}", highlight=False)
-        if evaluate and isinstance(cfg.out, str):
-            console.print("[yellow]note:[/] no evaluation of a run on object storage yet (evaluate reads a local run "
-                          "directory); run `memprune evaluate` on a copy of it", highlight=False)
-        elif evaluate:
+        if evaluate:
             from memprune.evaluate import EvalConfig
             from memprune.evaluate import run as run_evaluate
 
             _, result = run_stage(EvalConfig, run_evaluate, None, None,
-                                  {"run": cfg.out, "out": cfg.out / "eval", "data": cfg.data})
+                                  {"run": str(cfg.out), "out": f"{cfg.out}/eval", "data": cfg.data})
             console.print(f"evaluation report: {result['outputs']['report']}", highlight=False)
     except typer.Exit:
         raise
@@ -295,9 +292,9 @@ def tune(
 
 @app.command()
 def evaluate(
-    run_dir: Optional[Path] = typer.Option(None, "--run", help="Run directory with <stage>/seed<k>/predictions.parquet."),
+    run_dir: Optional[str] = typer.Option(None, "--run", help="Run directory or URI with <stage>/seed<k>/predictions.parquet."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or storage URI (s3://...) for metrics.json, report.md and figures."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Corpus dir (`memprune ingest`): token counts, QA retention."),
+    data: Optional[str] = typer.Option(None, "--data", help="Corpus dir or URI (`memprune ingest`): token counts, QA retention."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Token unit: encoder (default), whitespace, or a tokenizer.json."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Pruning threshold of the main pruning table [default: 0.5]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Pruning top-k of the threshold sweep, 0 = no cap [default: 5]."),

@@ -24,7 +24,7 @@ from memprune.scorer import (
     ScorerConfig,
     canonical_encoder,
 )
-from memprune.storage import canonical, is_uri
+from memprune.storage import canonical, is_uri, location
 from memprune.train.splits import SplitConfig
 
 STAGES: tuple[str, ...] = registry.stage_names()  # method order (memprune/stages.py)
@@ -212,8 +212,11 @@ class TrainSettings(ConfigModel):
 
 
 def _out(value: Any) -> Any:
-    """A storage URI stays as written; a local path becomes an absolute Path."""
-    return value if isinstance(value, str) and is_uri(value) else Path(value).expanduser().resolve()
+    """A storage URI stays as written; a local path (or file:// URI) becomes an absolute Path."""
+    if isinstance(value, str) and is_uri(value):
+        loc = location(value, "out")
+        return Path(loc.path) if loc.local else value
+    return Path(value).expanduser().resolve()
 
 
 class TrainConfig(TrainSettings):
