@@ -149,6 +149,13 @@ class Location:
         return {i.path[len(root):]: int(i.size or 0) for i in infos
                 if i.type == fs.FileType.File and i.path.startswith(root)}
 
+    def fetch_missing(self, target: Path, skip: tuple[str, ...] = ()) -> None:
+        """Copy every file below this directory that the local directory `target` lacks into it, each written whole;
+        files whose relative path starts with one of `skip` are left out."""
+        for name in self.files():
+            if not name.startswith(skip) and not (target / name).is_file():
+                location(str(target / name)).write_bytes((self / name).read_bytes())
+
     def delete(self) -> None:
         """Remove this file or directory (and everything below it); nothing when absent."""
         from pyarrow import fs

@@ -64,13 +64,10 @@ class WorkDir:
         loc = location(out)
         self.remote = None if loc.local else loc.join(".work", self.fingerprint[:16])
         if self.remote is None:
-            self.path = Path(out if not str(out).startswith("file://") else loc.path) / ".work" / self.fingerprint[:16]
+            self.path = Path(str(out).removeprefix("file://")) / ".work" / self.fingerprint[:16]
         else:
             self.path = cache_root() / "work" / digest(self.remote.uri)[:16]
-            for name in self.remote.files():
-                if not (self.path / name).is_file():
-                    with atomic_path(self.path / name) as tmp:
-                        tmp.write_bytes((self.remote / name).read_bytes())
+            self.remote.fetch_missing(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         manifest = self.path / "manifest.json"
         if manifest.exists():

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 from rich.console import Console
 
 from memprune.encoders import check_encoder
-from memprune.io import (MARKER, JsonlSink, OutputSet, atomic_path, check_out, check_out_location, read_table,
-                         write_json, write_table, write_text)
+from memprune.io import (MARKER, JsonlSink, OutputSet, check_out, check_out_location, read_table, write_json,
+                         write_table, write_text)
 from memprune.markdown import time_line
 from memprune.rejects import Ledger
 from memprune.runtime import check_paths_visible, check_resources, ensure_ray, use_gpu
@@ -313,10 +313,7 @@ def _run_to_uri(cfg: TrainConfig, uri: str) -> dict[str, Any]:
     work = cache_root() / "train" / digest(out.uri)[:16]
     committed = out / MARKER
     if committed.is_file() and json.loads(committed.read_text()).get("state") == "done":
-        for name in out.files():
-            if not name.startswith((".", "ray/")) and not (work / name).is_file():
-                with atomic_path(work / name) as tmp:
-                    tmp.write_bytes((out / name).read_bytes())
+        out.fetch_missing(work, skip=(".", "ray/"))
     ray = cfg.ray.model_copy(update={"storage_path": cfg.ray.storage_path or f"{out.uri}/ray"})
     summary = run(cfg.model_copy(update={"out": work, "ray": ray}))
     shown = str(work)
