@@ -7,11 +7,12 @@ dotted keys reach into nested sections.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from memprune.errors import MemPruneError
 
@@ -22,6 +23,10 @@ class ConfigModel(BaseModel):
     """Base of every config model: unknown keys are errors, and so are NaN and infinite numbers."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# A local path or a storage URI (s3://..., gs://..., file://...), kept as written: a Path would make s3://b of it s3:/b.
+Place = Annotated[str, BeforeValidator(lambda v: os.fspath(v) if isinstance(v, os.PathLike) else v)]
 
 
 class ConfigError(MemPruneError):

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memprune.adapters import IngestError, get_adapter
 from memprune.config import ConfigModel
-from memprune.io import JsonlSink, OutputSet, check_out, read_table, table_sink, write_json
+from memprune.io import JsonlSink, OutputSet, check_out_location, read_table, table_sink, write_json
 from memprune.rejects import Ledger
 
 
@@ -45,15 +45,16 @@ class ConservationError(RuntimeError):
 
 
 def ingest(format: str, input: str | Path, out: str | Path, split: str | None = None) -> dict[str, Any]:
-    """Read `input` with the `format` adapter and write the corpus tables into `out`; return the summary."""
+    """Read `input` with the `format` adapter and write the corpus tables into `out` (a directory or a storage URI,
+    committed there as one output set); return the summary."""
     adapter = get_adapter(format)
-    input, out = Path(input), check_out(out, "ingest")
+    input, out = Path(input), check_out_location(out, "ingest")
     if not input.exists():
         raise IngestError(f"{input}: no such file or directory")
     if not (input.is_file() or input.is_dir()):
         raise IngestError(f"{input}: not a regular file or directory (a pipe or device is read once; save it to a "
                           "file first)")
-    if input.is_dir() and out.resolve().is_relative_to(input.resolve()):
+    if input.is_dir() and out.local and Path(out.path).resolve().is_relative_to(input.resolve()):
         raise IngestError(f"{out}: the output directory is inside the input directory {input}; ingest would read "
                           "its own outputs as input")
     started = time.perf_counter()

@@ -131,7 +131,19 @@ def write_table(table: pa.Table, path: str | os.PathLike[str], name: str | None 
 
 
 def read_table(path: str | os.PathLike[str], name: str, columns: list[str] | None = None) -> pa.Table:
-    """Read a step table and validate it; a missing, unfinished or unreadable file names the path."""
+    """Read a step table and validate it; a missing, unfinished or unreadable file names the path (or URI)."""
+    from memprune.storage import is_uri, location
+
+    if is_uri(path):
+        loc = location(path)
+        if not loc.is_file():
+            raise FileNotFoundError(f"{loc}: no such file (expected the {name!r} table)")
+        check_committed(loc.uri)
+        try:
+            table = pq.read_table(loc.path, columns=columns, filesystem=loc.fs)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SchemaError(f"{loc}: cannot read as Parquet: {exc}") from exc
+        return _validated(table, name, loc.uri, columns)
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file (expected the {name!r} table)")
@@ -142,9 +154,13 @@ def read_table(path: str | os.PathLike[str], name: str, columns: list[str] | Non
         table = pq.read_table(p, columns=columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise SchemaError(f"{p}: cannot read as Parquet: {exc}") from exc
-    table = conform_table(table, name, source=str(p))
+    return _validated(table, name, str(p), columns)
+
+
+def _validated(table: pa.Table, name: str, source: str, columns: list[str] | None) -> pa.Table:
+    table = conform_table(table, name, source=source)
     if columns is None:
-        validate_table(table, name, source=str(p))
+        validate_table(table, name, source=source)
     return table
 
 
@@ -284,6 +300,9 @@ def check_out(out: str | os.PathLike[str], step: str) -> Path:
     return p
 
 
+SCRATCH = (".staging-", ".work/", "ray/")  # what a run puts under a URI `out` before its first commit
+
+
 def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
     """`out` (a local directory or a storage URI) as a `memprune.storage.Location`, checked before any work: a local
     one as `check_out` does; a URI's bucket must exist, and a prefix holding files must be a memprune output."""
@@ -297,7 +316,7 @@ def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
     if loc.is_file():
         raise MemPruneError(f"--out {loc}: is an object, not a prefix; the {step} output must be a prefix")
     files = loc.files()
-    if files and MARKER not in files and not all(n.startswith(".staging-") for n in files):
+    if files and MARKER not in files and not all(n.startswith(SCRATCH) for n in files):
         first = min(files)
         raise MemPruneError(f"--out {loc}: holds {len(files)} object(s) (e.g. {first}) but no {MARKER}: not a memprune "
                             "output; give an empty or new prefix")

@@ -3,9 +3,8 @@
 `jobs/pipeline.py` and `memprune quickstart` call `run`. Each step writes under its own
 directory of `out` and is resumable on its own, so a rerun after a crash redoes only what is
 unfinished. `out` may be a local directory or a URI that pyarrow understands
-(`s3://bucket/prefix`, `gs://...`, `file:///...`): data, label and train then run in a local
-staging directory and each finished step's directory is uploaded (Ray Train's workers use
-`<out>/train/ray`), evaluate and prune write their output sets to the URI themselves, so
+(`s3://bucket/prefix`, `gs://...`, `file:///...`): every step then reads its inputs from the
+URI and commits its output set there itself (Ray Train's storage is `<out>/train/ray`), so
 every node and later job sees the same tables. The pruning rule is set once (`rule:`) and
 used by both the evaluation's pruning tables and the prune step.
 """
@@ -13,7 +12,6 @@ used by both the evaluation's pruning tables and the prune step.
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -24,10 +22,9 @@ from rich.console import Console
 from memprune import stages as registry
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
 from memprune.evaluate.config import EvalSettings
-from memprune.io import write_json
 from memprune.label.config import LabelSettings
 from memprune.prune.config import PruneRule, PruneSettings
-from memprune.storage import is_uri
+from memprune.storage import location
 from memprune.synth.config import SynthSettings
 from memprune.train.config import TrainSettings
 
@@ -58,7 +55,6 @@ class PipelineConfig(ConfigModel):
     out: str = Field(description="local directory or storage URI (s3://..., file://...) for every step's output")
     corpus: CorpusSpec = Field(default_factory=CorpusSpec)
     steps: list[Step] = Field(default_factory=lambda: list(STEPS))
-    staging_dir: str | None = Field(None, description="local working copy when `out` is a URI (default: a temp dir)")
     rule: PruneRule = Field(default_factory=PruneRule, description="the pruning rule of the evaluation and the prune step")
     label: LabelSettings = Field(default_factory=LabelSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
@@ -108,35 +104,8 @@ def _with_rule(model: type[S], settings: S, rule: PruneRule, step: str) -> S:
                          + (" (or leave evaluate out of steps)" if step == "evaluate" else "")) from exc
 
 
-def _upload(local: Path, uri: str) -> None:
-    """Copy a finished step's directory (or file) to `uri` (any pyarrow filesystem)."""
-    from pyarrow import fs
-
-    filesystem, root = fs.FileSystem.from_uri(uri)
-    if local.is_file():
-        with filesystem.open_output_stream(root) as fh:
-            fh.write(local.read_bytes())
-        return
-    filesystem.create_dir(root, recursive=True)
-    fs.copy_files(str(local), root, source_filesystem=fs.LocalFileSystem(), destination_filesystem=filesystem)
-
-
-def _download(uri: str, local: Path) -> bool:
-    """Fetch a step's directory from `uri` into `local`; False when it does not exist there."""
-    from pyarrow import fs
-
-    filesystem, root = fs.FileSystem.from_uri(uri)
-    if filesystem.get_file_info(root).type == fs.FileType.NotFound:
-        return False
-    local.mkdir(parents=True, exist_ok=True)
-    fs.copy_files(root, str(local), source_filesystem=filesystem, destination_filesystem=fs.LocalFileSystem())
-    return True
-
-
-def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path], remote: str | None
-          ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run one step from its typed settings and the shared directories (`remote`: the URI `out`, else None);
-    (its summary, its headline)."""
+def _step(step: str, cfg: PipelineConfig, dirs: dict[str, str]) -> dict[str, Any]:
+    """Run one step from its typed settings and the shared directories (paths or URIs under `out`); its headline."""
     if step == "data":
         c = cfg.corpus
         if c.format == "synth":
@@ -149,44 +118,40 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, Path], remote: str | N
             from memprune.ingest import ingest
 
             result = ingest(c.format, c.input or "", dirs["data"], split=c.split)
-        return result, result["counts"]
+        return result["counts"]
     if step == "label":
         from memprune.label import LabelConfig
         from memprune.label import run as label
 
         result = label(validate(LabelConfig, {**cfg.label.model_dump(), "data": dirs["data"], "out": dirs["label"]},
                                 "pipeline label"))
-        return result, {"bullets_labelled": result["counts"]["bullets_labelled"],
-                        "pairs": result["counts"].get("pairs"), "error_rate": result.get("error_rate")}
+        return {"bullets_labelled": result["counts"]["bullets_labelled"], "pairs": result["counts"].get("pairs"),
+                "error_rate": result.get("error_rate")}
     if step == "train":
         from memprune.train import TrainConfig
         from memprune.train import run as train
 
-        settings = cfg.train.model_dump()
-        if remote and not cfg.train.ray.storage_path:  # Ray Train's workers write where every node reads
-            settings["ray"]["storage_path"] = f"{remote}/{DIRS['train']}/ray"
-        result = train(validate(TrainConfig, {**settings, "data": dirs["data"], "labels": [dirs["label"]],
-                                              "out": dirs["train"]}, "pipeline train"))
-        return result, {"stages": cfg.train.stages, "seeds": cfg.train.seeds}
+        train(validate(TrainConfig, {**cfg.train.model_dump(), "data": dirs["data"], "labels": [dirs["label"]],
+                                     "out": dirs["train"]}, "pipeline train"))
+        return {"stages": cfg.train.stages, "seeds": cfg.train.seeds}
     if step == "evaluate":
         from memprune.evaluate import EvalConfig
         from memprune.evaluate import run as evaluate
 
-        result = evaluate(validate(EvalConfig, {**cfg.evaluate.model_dump(), "run": dirs["train"],
-                                                "out": _place(dirs, remote, "evaluate"), "data": dirs["data"]},
-                                   "pipeline evaluate"))
-        return result, {"report": _place(dirs, remote, "evaluate", "report.md")}
+        evaluate(validate(EvalConfig, {**cfg.evaluate.model_dump(), "run": dirs["train"], "out": dirs["evaluate"],
+                                       "data": dirs["data"]}, "pipeline evaluate"))
+        return {"report": f"{dirs['evaluate']}/report.md"}
     from memprune.prune import PruneConfig
     from memprune.prune import run as prune
 
-    scorer = _place(dirs, remote, "train", cfg.prune_scorer or f"{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}")
+    scorer = f"{dirs['train']}/{cfg.prune_scorer or f'{cfg.train.stages[-1]}/seed{cfg.train.seeds[0]}'}"
     result = prune(validate(PruneConfig, {**cfg.prune.model_dump(), "scorer": scorer,
-                                          "input": _place(dirs, remote, "data", "bullets.parquet"),
-                                          "out": _place(dirs, remote, "prune")}, "pipeline prune"))
+                                          "input": f"{dirs['data']}/bullets.parquet", "out": dirs["prune"]},
+                            "pipeline prune"))
     headline = {"rows_in": result["input"]["rows"], "rows_out": result["output"]["rows"],
                 "bullet_reduction_pct": result["result"]["bullet_reduction_pct"],
                 "token_reduction_pct": result["result"]["token_reduction_pct"]}
-    return result, headline | _emptied(result)
+    return headline | _emptied(result)
 
 
 def _emptied(result: dict[str, Any]) -> dict[str, Any]:
@@ -200,12 +165,6 @@ def _emptied(result: dict[str, Any]) -> dict[str, Any]:
     return {"warning": warning}
 
 
-def _place(dirs: dict[str, Path], remote: str | None, step: str, name: str = "") -> str:
-    """Where a step's output (or its file `name`) lives for the user: under the URI `out`, not the staging dir."""
-    return (f"{remote}/{DIRS[step]}" if remote else str(dirs[step])) + (f"/{name}" if name else "")
-
-
-DIRECT = ("evaluate", "prune")  # with a URI `out` these write there themselves (the others: staged, then uploaded)
 NEEDS = {"data": (), "label": ("data",), "train": ("data", "label"), "evaluate": ("data", "train"),
          "prune": ("data", "train")}
 
@@ -215,28 +174,24 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
     c = cfg.corpus
     if "data" in cfg.steps and c.format != "synth" and not Path(c.input or "").exists():
         raise ConfigError(f"{c.input}: corpus.input not found (no such file or directory)")
-    remote = cfg.out.rstrip("/") if is_uri(cfg.out) else None
-    root = Path(cfg.staging_dir or tempfile.mkdtemp(prefix="memprune-staging-")) if remote else Path(cfg.out)
-    root.mkdir(parents=True, exist_ok=True)
-    dirs = {step: root / name for step, name in DIRS.items()}
+    root = location(cfg.out.rstrip("/"), "out")
+    root.check_reachable()
+    dirs = {step: str(root / name) for step, name in DIRS.items()}
     summary: dict[str, Any] = {"out": cfg.out, "steps": {}}
     started = time.perf_counter()
     for step in (s for s in STEPS if s in cfg.steps):
         console.rule(f"[bold]memprune pipeline: {step}")
-        for need in NEEDS[step]:  # an earlier step's output, local or fetched from `out`
-            if not dirs[need].exists() and not (remote and _download(f"{remote}/{DIRS[need]}", dirs[need])):
+        for need in NEEDS[step]:  # an earlier step's output
+            if not (root / DIRS[need]).exists():
                 raise FileNotFoundError(f"step {need!r} has no output at {dirs[need]}; run it first (steps: {cfg.steps})")
         t0 = time.perf_counter()
-        _, headline = _step(step, cfg, dirs, remote)
-        if remote and step not in DIRECT:
-            _upload(dirs[step], f"{remote}/{DIRS[step]}")
-        summary["steps"][step] = {"seconds": round(time.perf_counter() - t0, 2), "dir": _place(dirs, remote, step),
-                                  **headline}
+        headline = _step(step, cfg, dirs)
+        summary["steps"][step] = {"seconds": round(time.perf_counter() - t0, 2), "dir": dirs[step], **headline}
     summary["seconds"] = round(time.perf_counter() - started, 2)
-    summary["report"] = _place(dirs, remote, "evaluate", "report.md")
-    write_json(root / "pipeline.json", json.loads(json.dumps(summary, default=str)))
-    if remote:
-        _upload(root / "pipeline.json", f"{remote}/pipeline.json")
+    summary["report"] = f"{dirs['evaluate']}/report.md"
+    # one small object, written whole (temp + rename on a disk, one PUT on object storage), after every step
+    (root / "pipeline.json").write_text(json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+                                        + "\n")
     return summary
 
 

@@ -149,6 +149,13 @@ class Location:
         return {i.path[len(root):]: int(i.size or 0) for i in infos
                 if i.type == fs.FileType.File and i.path.startswith(root)}
 
+    def fetch_missing(self, target: Path, skip: tuple[str, ...] = ()) -> None:
+        """Copy every file below this directory that the local directory `target` lacks into it, each written whole;
+        files whose relative path starts with one of `skip` are left out."""
+        for name in self.files():
+            if not name.startswith(skip) and not (target / name).is_file():
+                location(str(target / name)).write_bytes((self / name).read_bytes())
+
     def delete(self) -> None:
         """Remove this file or directory (and everything below it); nothing when absent."""
         from pyarrow import fs
@@ -289,14 +296,15 @@ def cache_root() -> Path:
         return Path(tempfile.gettempdir()) / "memprune-cache"
 
 
-def fetch_dir(value: str | os.PathLike[str] | Location, what: str = "artifact") -> Path:
+def fetch_dir(value: str | os.PathLike[str] | Location, what: str = "artifact", skip: tuple[str, ...] = ()) -> Path:
     """A local directory with the files of `value`: the path itself when local; else a copy in this node's cache,
-    fetched once and reused while the remote listing (names and sizes) is unchanged."""
+    fetched once and reused while the remote listing (names and sizes) is unchanged. Files whose relative path
+    starts with one of `skip` (e.g. `ray/`, a run's Ray Train checkpoints) are left out."""
     loc = location(value, what)
     if loc.local:
         return Path(loc.path)
     loc.check_reachable()
-    listing = loc.files()
+    listing = {n: size for n, size in loc.files().items() if not n.startswith(skip)} if skip else loc.files()
     if not listing:
         raise StorageError(f"{what} {loc.uri}: no such directory (no files under it)")
     key = hashlib.sha256(repr((loc.uri, sorted(listing.items()))).encode()).hexdigest()[:20]

@@ -28,9 +28,12 @@ def digest(payload: Any) -> str:
 
 
 def file_digest(path: str | Path) -> str:
-    """SHA-256 hex digest of a file's bytes, read in 1 MiB blocks."""
+    """SHA-256 hex digest of a file's bytes (a local path or a URI), read in 1 MiB blocks."""
+    from memprune.storage import is_uri, location
+
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    loc = location(path) if is_uri(path) else None
+    with open(path, "rb") if loc is None else loc.fs.open_input_stream(loc.path) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -48,11 +51,23 @@ def table_digest(table: pa.Table, columns: Iterable[str]) -> str:
 
 
 class WorkDir:
-    """`OUT/.work/<fingerprint[:16]>/`: a manifest plus one atomically written file per finished piece."""
+    """`OUT/.work/<fingerprint[:16]>/`: a manifest plus one atomically written file per finished piece.
+
+    With a storage URI `out` the pieces are written on this node (its cache, `path`) and each finished one is
+    uploaded to `OUT/.work/<fingerprint[:16]>/` (`keep`); a rerun on any node first fetches the pieces there, so
+    it resumes as a local one does."""
 
     def __init__(self, out: str | Path, payload: dict[str, Any]) -> None:
+        from memprune.storage import cache_root, location
+
         self.fingerprint = digest(payload)
-        self.path = Path(out) / ".work" / self.fingerprint[:16]
+        loc = location(out)
+        self.remote = None if loc.local else loc.join(".work", self.fingerprint[:16])
+        if self.remote is None:
+            self.path = Path(str(out).removeprefix("file://")) / ".work" / self.fingerprint[:16]
+        else:
+            self.path = cache_root() / "work" / digest(self.remote.uri)[:16]
+            self.remote.fetch_missing(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
         manifest = self.path / "manifest.json"
         if manifest.exists():
@@ -61,10 +76,19 @@ class WorkDir:
                 raise MemPruneError(f"{manifest}: belongs to another run (fingerprint prefix clash); delete {self.path}")
         else:
             write_json(manifest, {"fingerprint": self.fingerprint, "payload": payload})
+            self.keep(manifest)
+
+    def __str__(self) -> str:
+        return str(self.remote or self.path)
 
     def piece(self, kind: str, i: int, ext: str) -> Path:
         """The path of finished piece `i` of `kind` (e.g. `emb-00003.npy`)."""
         return self.path / f"{kind}-{i:05d}.{ext}"
+
+    def keep(self, piece: Path) -> None:
+        """A finished piece (written on this node) also goes to the URI `out`, where any rerun finds it."""
+        if self.remote is not None:
+            (self.remote / piece.name).write_bytes(piece.read_bytes())
 
 
 def resumable_chunks(
@@ -94,6 +118,7 @@ def resumable_chunks(
         result = fn(table.slice(a, b - a))
         with atomic_path(paths[i]) as tmp:
             pq.write_table(result, tmp)
+        work.keep(paths[i])
     results = pa.concat_tables([pq.read_table(p, schema=schema) for p in paths]) if paths else schema.empty_table()
     return results, {"chunks": len(bounds), "reused": len(bounds) - len(pending), "work": str(work.path)}
 

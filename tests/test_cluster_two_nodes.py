@@ -6,7 +6,7 @@ as a second machine cannot, and that tmpfs is its only disk (its Ray session dir
 there). The software's install stays visible, as a machine image would. The prune job then runs from a driver on the head: with local
 paths it stops before any work with the one line that names the path and the node; with every input and output
 on S3 it runs on both nodes and commits its outputs in the bucket. The pipeline with `out=s3://`, submitted to the
-head's job server with `ray job submit`, trains stage 2 on the worker node (its Ray label), which cannot see the driver's staging dir, and commits every step in the bucket.
+head's job server with `ray job submit`, trains stage 2 on the worker node (its Ray label), which cannot see the driver's disk, and commits every step in the bucket.
 """
 
 from __future__ import annotations
@@ -237,9 +237,9 @@ def test_local_paths_on_a_filesystem_every_node_mounts_pass_the_check(two_nodes,
 
 def test_pipeline_on_s3_trains_stage2_on_the_node_without_the_drivers_disk(two_nodes, bucket: str, tmp_path: Path):
     """The README's cluster command through `ray job submit` with out=s3://: the stage-2 Ray Train worker runs on the
-    worker node (a label selector puts it there), which cannot see the driver's staging dir; every step is committed
-    in the bucket and the summary names the URI, not the staging dir. The job's driver runs on the head, its temp
-    dir (its staging dir) on the head's own disk."""
+    worker node (a label selector puts it there), which cannot see the driver's disk; every step reads from the bucket
+    and commits there, and the summary names the URI. The job's driver runs on the head, its temp dir on the head's
+    own disk."""
     _, worker, private, jobs = two_nodes
     out = f"{bucket}/run"
     key, value = WORKER_LABEL.split("=")

@@ -255,3 +255,87 @@ def test_evaluate_commits_its_outputs_on_object_storage_as_it_does_locally(bucke
     assert json.loads((root / ".memprune.json").read_text())["state"] == "done"
     assert set(root.files()) == {p.name for p in (tmp_path / "out").iterdir()}
     assert json.loads((root / "metrics.json").read_text())["splits"] == local["splits"]
+
+
+def test_label_reads_the_corpus_from_s3_commits_there_and_resumes_on_another_node(bucket: str, msc_small: Path,
+                                                                                  tmp_path: Path, monkeypatch) -> None:
+    """`label --data s3://... --out s3://...`: the output set committed on the bucket (marker `done`), the tables byte
+    for byte those of a local run; a rerun on a node with an empty cache reuses every shard from `OUT/.work`."""
+    from memprune.label import LabelConfig
+    from memprune.label import run as label
+
+    data = upload(msc_small, f"{bucket}/data")
+    local = label(LabelConfig(data=msc_small, out=tmp_path / "local", shard_size=48, progress=False))
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-a"))
+    out = f"{bucket}/labels"
+    res = _cli("label", "--data", data, "--out", out, "--shard-size", "48", "--no-progress")
+    assert res.exit_code == 0, res.output
+    root = location(out)
+    info = _marker(root)
+    assert info["state"] == "done" and set(info["files"]) == {p.name for p in (tmp_path / "local").iterdir()
+                                                                if not p.name.startswith(".")}
+    for name in ("pairs.parquet", "labels.parquet", "unlabelled.jsonl"):
+        assert (root / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-b"))
+    again = label(LabelConfig(data=data, out=out, shard_size=48, progress=False))
+    assert again["throughput"]["shards_reused"] == local["throughput"]["shards_total"] > 2
+    assert again["work_dir"].startswith(f"{out}/.work/")
+    assert (root / "labels.parquet").read_bytes() == (tmp_path / "local" / "labels.parquet").read_bytes()
+
+
+@pytest.mark.slow
+def test_train_reads_corpus_and_labels_from_s3_and_commits_the_run_there(ray_local, bucket: str, msc_small: Path,
+                                                                         tmp_path: Path, monkeypatch) -> None:
+    """`train --data s3://... --labels s3://... --out s3://...`: every artifact, the predictions, run.json and train.md
+    committed on the bucket (marker `done`), the same scores as a local run; a rerun on another node reuses them."""
+    from memprune.label import LabelConfig
+    from memprune.label import run as label
+    from memprune.train import TrainConfig
+    from memprune.train import run as train
+
+    label(LabelConfig(data=msc_small, out=tmp_path / "labels", shard_size=64, progress=False))
+    data, labels = upload(msc_small, f"{bucket}/data"), upload(tmp_path / "labels", f"{bucket}/labels")
+    tiny = {"stages": ["vanilla", "stage1"], "seeds": [0], "max_length": 24, "split": {"valid": 1, "test": 1},
+            "stage1": {"epochs": 2, "lr": 0.003, "batch_size": 32, "patience": 2},
+            "ray": {"num_workers": 0}, "embed": {"actors": 1}}
+    train(TrainConfig.model_validate({**tiny, "data": msc_small, "labels": [tmp_path / "labels"],
+                                      "out": tmp_path / "local"}))
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-a"))
+    out = f"{bucket}/run"
+    sets = [f"--set={k}={json.dumps(v)}" for k, v in tiny.items() if k not in ("stages", "seeds")]
+    res = _cli("train", "--data", data, "--labels", labels, "--out", out, "--stages", "vanilla,stage1", "--seeds", "0",
+               "--no-eval", *sets)
+    assert res.exit_code == 0, res.output
+    root = location(out)
+    assert _marker(root)["state"] == "done"
+    files = root.files()
+    local = {str(p.relative_to(tmp_path / "local")) for p in (tmp_path / "local").rglob("*") if p.is_file()}
+    assert {f for f in files if not f.startswith("ray/")} == {
+        f for f in local if not f.startswith(("cache/", "ray/", "."))} | {MARKER}
+    run_json = (root / "run.json").read_text()
+    assert json.loads(run_json)["out"] == out and str(tmp_path / "node-a") not in run_json
+    for stage in ("vanilla", "stage1"):
+        got = pq.read_table((root / stage / "seed0" / "predictions.parquet").path, filesystem=root.fs)
+        want = pq.read_table(tmp_path / "local" / stage / "seed0" / "predictions.parquet")
+        assert got["bullet_id"].to_pylist() == want["bullet_id"].to_pylist()
+        assert got["score"].to_pylist() == pytest.approx(want["score"].to_pylist(), abs=1e-5)
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-b"))
+    again = train(TrainConfig.model_validate({**tiny, "data": data, "labels": [labels], "out": out}))
+    assert [r["reused"] for r in again["runs"]] == [True, True]
+
+
+def test_synth_and_ingest_write_their_corpus_tables_to_s3_as_they_do_locally(bucket: str, tmp_path: Path) -> None:
+    """`synth --out s3://...` and `ingest --out s3://...`: the tables committed on the bucket, byte for byte the local
+    ones."""
+    source = Path(__file__).resolve().parent / "fixtures" / "locomo_mini.json"
+    for args, tables in ((["synth", "-n", "3"], ("sessions.parquet", "bullets.parquet")),
+                         (["ingest", "--format", "locomo", "--input", str(source)], ("sessions.parquet", "qa.parquet"))):
+        local, out = tmp_path / args[0], f"{bucket}/{args[0]}"
+        for where in (str(local), out):
+            res = _cli(*args, "--out", where)
+            assert res.exit_code == 0, res.output
+        root = location(out)
+        assert _marker(root)["state"] == "done"
+        assert set(root.files()) == {p.name for p in local.iterdir()}
+        for name in tables:
+            assert (root / name).read_bytes() == (local / name).read_bytes(), name

@@ -91,8 +91,8 @@ def test_the_prune_step_warns_when_pruning_empties_groups(
 
 @pytest.mark.slow
 def test_quickstart_to_a_storage_uri_with_a_quiet_terminal(tmp_path: Path) -> None:
-    """The `memprune` executable runs the quickstart into a storage URI: steps run in a local staging dir and
-    each finished step is uploaded. The terminal keeps progress, one line per step and the summary; Ray's
+    """The `memprune` executable runs the quickstart into a storage URI: every step reads from it and commits its
+    output set there. The terminal keeps progress, one line per step and the summary; Ray's
     INFO lines and dependency warnings go to the log file."""
     import os
     import re
@@ -104,7 +104,7 @@ def test_quickstart_to_a_storage_uri_with_a_quiet_terminal(tmp_path: Path) -> No
     remote = tmp_path / "bucket" / "run1"
     env = {k: v for k, v in os.environ.items() if k not in QUIET_ENV and k != "MEMPRUNE_LOG"}
     env.update(MEMPRUNE_LOG_DIR=str(tmp_path / "logs"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="100")
-    sets = {"out": f"file://{remote}", "staging_dir": str(tmp_path / "staging"), "corpus.conversations": 8,
+    sets = {"out": f"file://{remote}", "corpus.conversations": 8,
             "corpus.sessions": 3, "corpus.seed": 1, "train.seeds": "[0]", "train.stages": "[vanilla,stage1]",
             "train.max_length": 24, "train.stage1.epochs": 3, "evaluate.figures": "false", "rule.top_k": 2}
     proc = subprocess.run(
@@ -126,7 +126,7 @@ def test_quickstart_to_a_storage_uri_with_a_quiet_terminal(tmp_path: Path) -> No
     summary = json.loads((remote / "pipeline.json").read_text())
     assert set(summary["steps"]) == {"data", "label", "train", "evaluate", "prune"} and summary["out"] == sets["out"]
     for stage in ("data", "label", "train", "report", "prune"):
-        assert (remote / stage).is_dir(), f"stage {stage} was not uploaded"
+        assert json.loads((remote / stage / ".memprune.json").read_text())["state"] == "done", stage
     bullets = pq.read_table(remote / "data" / "bullets.parquet")
     prune_summary = json.loads((remote / "prune" / "prune.json").read_text())
     assert prune_summary["input"]["rows"] == prune_summary["output"]["rows"] == bullets.num_rows
@@ -140,8 +140,7 @@ def test_quickstart_to_a_storage_uri_with_a_quiet_terminal(tmp_path: Path) -> No
     assert t["compute_s"] > 0 and abs(t["compute_s"] + t["overhead_s"] - t["wall_s"]) < 0.01
     assert t["compute_s"] >= t["embed_s"] + t["stages"]["stage1"]["epochs_s"] - 0.01
 
-    # a second run of only the last stage fetches what it needs from the URI
+    # a second run of only the last stage reads what it needs from the URI
     cfg = quickstart_config(sets["out"], overrides=[f"{k}={v}" for k, v in sets.items()])
-    staging2 = tmp_path / "staging2"
-    again = run_pipeline(cfg.model_copy(update={"steps": ["prune"], "staging_dir": str(staging2)}))
-    assert list(again["steps"]) == ["prune"] and (staging2 / "train").is_dir()
+    again = run_pipeline(cfg.model_copy(update={"steps": ["prune"]}))
+    assert list(again["steps"]) == ["prune"] and again["steps"]["prune"]["dir"] == f"{sets['out']}/prune"

@@ -37,7 +37,8 @@ from memprune.cli.common import (  # noqa: F401  (app, main: the executable's en
 def ingest(
     format: Optional[str] = typer.Option(None, "--format", "-f", help="Input format: msc, locomo or jsonl."),
     input: Optional[Path] = typer.Option(None, "--input", "-i", help="Source file or directory."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory for the corpus tables."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or URI (s3://...) for the corpus "
+                                                                "tables."),
     split: Optional[str] = typer.Option(None, "--split", help="Split to read where the layout has splits (msc: valid)."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
@@ -67,7 +68,7 @@ def stats(data: Path = typer.Argument(..., help="A directory written by `memprun
 def synth(
     conversations: Optional[int] = typer.Option(None, "--conversations", "-n", help="Number of conversations [default: 100]."),
     sessions: Optional[int] = typer.Option(None, "--sessions", "-s", help="Sessions per conversation [default: 4]."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or URI (s3://...)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed; same seed, same corpus [default: 0]."),
     facts: Optional[int] = typer.Option(None, "--facts", help="Durable facts in each speaker's persona (1..20) [default: 6]."),
     oneoffs: Optional[int] = typer.Option(None, "--oneoffs", help="Mean one-off remarks per speaker per session [default: 2]."),
@@ -115,8 +116,10 @@ def summarize(
 
 @app.command()
 def label(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Directory with sessions.parquet and bullets.parquet."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (pairs/labels.parquet, label.json)."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Directory or URI with sessions.parquet and "
+                                                                  "bullets.parquet."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or URI (s3://...): "
+                                                                "pairs/labels.parquet, label.json."),
     source: Optional[str] = typer.Option(None, "--source", help="judge (default), qa (QA evidence) or usage (a usage log)."),
     usage_log: Optional[Path] = typer.Option(None, "--usage-log", help="usage: log file (.parquet/.jsonl) or dir of them."),
     qa_grading: Optional[str] = typer.Option(None, "--qa-grading", help="qa: binary (default) or graded (by citing questions)."),
@@ -209,13 +212,13 @@ def _label_weights(items: Optional[list[str]]) -> Optional[dict[str, float]]:
 
 @app.command()
 def train(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
-    labels: Optional[list[Path]] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet (`memprune label`); repeat to mix tables."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Corpus dir or URI with bullets.parquet."),
+    labels: Optional[list[str]] = typer.Option(None, "--labels", "-l", help="Dir or URI with labels.parquet (`memprune label`); repeat to mix tables."),
     label_weight: Optional[list[str]] = typer.Option(None, "--label-weight", help="SOURCE=W loss weight per label source, e.g. qa=5 (repeatable)."),
     label_weight_by: Optional[str] = typer.Option(None, "--label-weight-by", help="none (default) or agreement: also "
                                                   "weigh rows by the judges' agreement (consensus labels)."),
     folds: Optional[int] = typer.Option(None, "--folds", help="k-fold by conversation: OUT/fold<i>/, pooled evaluation."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: <stage>/seed<k>/, run.json, train.md."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): <stage>/seed<k>/, run.json, train.md."),
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of vanilla,stage1,stage2 (default all)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma list of seeds (default 0,1,2)."),
     encoder: Optional[str] = typer.Option(None, "--encoder", help="Encoder path or hub id (default local all-MiniLM-L6-v2)."),
@@ -251,7 +254,7 @@ def train(
             from memprune.evaluate import run as run_evaluate
 
             _, result = run_stage(EvalConfig, run_evaluate, None, None,
-                                  {"run": cfg.out, "out": cfg.out / "eval", "data": cfg.data})
+                                  {"run": str(cfg.out), "out": f"{cfg.out}/eval", "data": cfg.data})
             console.print(f"evaluation report: {result['outputs']['report']}", highlight=False)
     except typer.Exit:
         raise
@@ -289,9 +292,9 @@ def tune(
 
 @app.command()
 def evaluate(
-    run_dir: Optional[Path] = typer.Option(None, "--run", help="Run directory with <stage>/seed<k>/predictions.parquet."),
+    run_dir: Optional[str] = typer.Option(None, "--run", help="Run directory or URI with <stage>/seed<k>/predictions.parquet."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory or storage URI (s3://...) for metrics.json, report.md and figures."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Corpus dir (`memprune ingest`): token counts, QA retention."),
+    data: Optional[str] = typer.Option(None, "--data", help="Corpus dir or URI (`memprune ingest`): token counts, QA retention."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Token unit: encoder (default), whitespace, or a tokenizer.json."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Pruning threshold of the main pruning table [default: 0.5]."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Pruning top-k of the threshold sweep, 0 = no cap [default: 5]."),

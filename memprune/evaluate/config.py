@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from memprune import stages as registry
-from memprune.config import ConfigModel
+from memprune.config import ConfigModel, Place
 from memprune.errors import MemPruneError
 from memprune.evaluate.metrics import KS, RELEVANCE_THRESHOLD
 from memprune.prune.config import PruneRule
@@ -86,6 +85,7 @@ class EvalSettings(ConfigModel):
 class EvalConfig(EvalSettings):
     """Config of `memprune evaluate` (`jobs/evaluate.py`); every field is recorded in metrics.json."""
 
-    run: Path = Field(description="run directory with <stage>/seed<k>/predictions.parquet (or fold<i>/...)")
+    run: Place = Field(description="run directory or URI with <stage>/seed<k>/predictions.parquet (or fold<i>/...)")
     out: str = Field(description="output directory or storage URI (s3://...): metrics.json, report.md, figures")
-    data: Path | None = Field(None, description="corpus directory: token counts and, with a qa table, QA retention")
+    data: Place | None = Field(None, description="corpus directory or URI: token counts and, with a qa table, QA "
+                               "retention")

@@ -40,6 +40,7 @@ from memprune.evaluate.worth import run_labels, stage2_worth, training_seconds
 from memprune.io import JsonlSink, OutputSet, check_out_location, jsonable, write_json, write_table
 from memprune.prune.rule import group_codes, rank_within_groups
 from memprune.rejects import Ledger
+from memprune.storage import fetch_dir, is_uri
 from memprune.tokens import check_unit
 
 
@@ -240,7 +241,10 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
 
     A k-fold run (RUN/fold<i>/...) is evaluated on its pooled out-of-fold test predictions (`load_folds`).
     """
-    run_dir, out_dir, data_dir = cfg.run, cfg.out, cfg.data
+    out_dir = cfg.out
+    # a run or corpus on object storage is read from this node's copy of it (a run's Ray Train checkpoints left out)
+    run_dir = fetch_dir(cfg.run, "run", skip=("ray/",)) if is_uri(cfg.run) else Path(cfg.run)
+    data_dir = None if cfg.data is None else fetch_dir(cfg.data, "corpus") if is_uri(cfg.data) else Path(cfg.data)
     folds = discover_folds(run_dir)
     fold_info: dict[str, Any] | None = None
     fold_notes: list[str] = []
@@ -270,8 +274,8 @@ def run(cfg: EvalConfig) -> dict[str, Any]:
         corpus = load_corpus(data_dir, cfg.tokenizer, run_encoder(run_dir)) if data_dir is not None else None
 
         result: dict[str, Any] = {
-            "run_dir": str(run_dir),
-            "data_dir": str(data_dir) if data_dir is not None else None,
+            "run_dir": cfg.run,
+            "data_dir": cfg.data,
             "config": cfg.model_dump(mode="json"),
             "tokenizer": corpus.tokenizer if corpus else None,
             "inputs": {s: {str(k): str(p) for k, p in seeds.items()} for s, seeds in layout.items()},

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from memprune.config import ConfigModel
+from memprune.config import ConfigModel, Place
 from memprune.label.errors import LabelError  # noqa: F401  (re-exported: memprune.label.config.LabelError)
 from memprune.label.judges import JUDGES, JudgeEntry, judge_of
 from memprune.label.pairs import PairOptions
@@ -171,5 +171,5 @@ class LabelSettings(ConfigModel):
 class LabelConfig(LabelSettings):
     """Everything `memprune label` needs: the settings plus the corpus and output directories."""
 
-    data: Path
-    out: Path
+    data: Place = Field(description="corpus directory or URI (sessions.parquet, bullets.parquet)")
+    out: Place = Field(description="output directory or storage URI (labels.parquet, label.json, ...)")

@@ -8,7 +8,6 @@ judge, or one sample of a sampled judge) comes back as one row of scores aligned
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -97,12 +96,12 @@ def run_judges(cfg: LabelConfig, plan: PairPlan, specs: list[JudgeSpec], inputs:
     out = Judged([], np.zeros((0, n)), [], [], [], [])
     rows, names = [], []
     for spec in specs:
-        work = WorkDir(Path(cfg.out), work_payload(cfg, inputs, spec_settings(cfg, spec)))
+        work = WorkDir(cfg.out, work_payload(cfg, inputs, spec_settings(cfg, spec)))
         stats: dict[str, Any] = {}
         table, judge = run_spec(cfg, plan, spec, work, stats)
-        out.work_dirs.append(str(work.path))
+        out.work_dirs.append(str(work))
         _merge(out.stats, stats)
-        out.stats.setdefault("per_judge", []).append({"judge": getattr(judge, "list_name", judge.name), "work_dir": str(work.path), **stats})
+        out.stats.setdefault("per_judge", []).append({"judge": getattr(judge, "list_name", judge.name), "work_dir": str(work), **stats})
         list_name = getattr(judge, "list_name", judge.name)
         names.append(list_name)
         for s in range(spec.samples):

@@ -121,6 +121,7 @@ def run_shards(bounds: list[tuple[int, int]], samples: int, work: WorkDir, kind:
                 raise RuntimeError(f"the judge returned {table.num_rows} rows for the {len(want_pos)} (sample, pair) "
                                    f"rows of shard {i}; finished shards are kept, rerun to retry")
             save_shard(paths[i], table, counters)
+            work.keep(paths[i])
             judged += b - a
             bar.update(b - a)
         bar.close()

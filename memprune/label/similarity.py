@@ -129,10 +129,12 @@ def _load_embedding(path: Path, rows: int) -> np.ndarray | None:
     return arr if arr.ndim == 2 and arr.shape[0] == rows and arr.dtype == np.float32 else None
 
 
-def _save_embedding(path: Path, emb: np.ndarray) -> None:
+def _save_embedding(work: WorkDir, shard: int, emb: np.ndarray) -> None:
+    path = work.piece("emb", shard, "npy")
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             np.save(fh, np.ascontiguousarray(emb, dtype=np.float32), allow_pickle=False)
+    work.keep(path)
 
 
 def _encode_with_ray(cfg: LabelSettings, vocab: list[str], bounds: list[tuple[int, int]], pending: list[int],
@@ -151,7 +153,7 @@ def _encode_with_ray(cfg: LabelSettings, vocab: list[str], bounds: list[tuple[in
     for batch in ds.iter_batches(batch_size=1, batch_format="numpy"):
         for shard, blob, dim, span in zip(batch["shard"], batch["emb"], batch["dim"], batch["span"]):
             emb = np.frombuffer(blob, dtype=np.float32).reshape(-1, int(dim))
-            _save_embedding(work.piece("emb", int(shard), "npy"), emb)
+            _save_embedding(work, int(shard), emb)
             spans.append((float(span[0]), float(span[1])))
             bar.update(1)
     return spans
@@ -178,7 +180,7 @@ def judge_similarity(cfg: LabelSettings, plan: PairPlan, work: WorkDir, judge: S
                 started = now()
                 emb = judge.encode(vocab[a:b])
                 spans.append((started, now()))
-                _save_embedding(work.piece("emb", i, "npy"), emb)
+                _save_embedding(work, i, emb)
                 bar.update(1)
         bar.close()
     parts = [_load_embedding(work.piece("emb", i, "npy"), b - a) for i, (a, b) in enumerate(bounds)]
@@ -206,12 +208,12 @@ def judge_all(cfg: LabelSettings, plan: PairPlan, inputs: dict[str, str]) -> Jud
     judge = SimilarityJudge(sim.model, batch_size=sim.batch_size, max_length=sim.max_length,
                             mapping=sim.mapping, device=sim.device)
     # The shards hold embeddings: the cosine -> score mapping is applied afterwards, on every run.
-    work = WorkDir(Path(cfg.out), work_payload(cfg, inputs, {"model": judge.model_name, "max_length": sim.max_length}))
+    work = WorkDir(cfg.out, work_payload(cfg, inputs, {"model": judge.model_name, "max_length": sim.max_length}))
     stats: dict[str, Any] = {}
     scores, errors = judge_similarity(cfg, plan, work, judge, stats)
     n = plan.pairs.num_rows
     return Judged(names=[judge.name], scores=scores.reshape(1, n), errors=[errors], modes=[[SIMILARITY.kind] * n],
-                  judge_values=[[judge.name] * n], extras=[{}], stats=stats, work_dirs=[str(work.path)])
+                  judge_values=[[judge.name] * n], extras=[{}], stats=stats, work_dirs=[str(work)])
 
 
 SIMILARITY = register(JudgeEntry(

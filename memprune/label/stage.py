@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 from rich.console import Console
 
-from memprune.io import OutputSet, check_out, read_table, write_jsonl, write_summary, write_table
+from memprune.io import OutputSet, check_out_location, read_table, write_jsonl, write_summary, write_table
 from memprune.label.aggregate import aggregate
 from memprune.label.config import LabelConfig, LabelError
 from memprune.label.pairs import PairPlan, build_pairs
@@ -44,6 +44,7 @@ from memprune.label.report import render_markdown, render_plan, render_source_ma
 from memprune.label.sources import SOURCES
 from memprune.label.summary import judge_summary
 from memprune.schema import PAIRS
+from memprune.storage import Location, canonical, is_uri, location
 from memprune.work import file_digest
 
 console = Console(stderr=True)
@@ -54,17 +55,23 @@ PAIRS_OUT = PAIRS.append(pa.field("horizon", pa.int32(), nullable=False)).append
     pa.field("judge_mode", pa.string(), nullable=False))
 
 
-def _out_dir(cfg: LabelConfig) -> Path:
-    """`cfg.out`, refused up front when it is a file or the corpus itself: the label step's outputs and its
-    manifest (`.memprune.json`) would replace the corpus's own, and the corpus would no longer be one."""
-    out = check_out(cfg.out, "label")
-    if out.resolve() == Path(cfg.data).resolve():
+def _out_dir(cfg: LabelConfig) -> Location:
+    """`cfg.out` (a directory or a storage URI), refused up front when it is a file or the corpus itself: the label
+    step's outputs and its manifest (`.memprune.json`) would replace the corpus's own, and the corpus would no
+    longer be one."""
+    out = check_out_location(cfg.out, "label")
+    if canonical(out) == canonical(cfg.data):
         raise LabelError(f"{out}: the label output directory (--out) must differ from the data directory (--data)")
     return out
 
 
+def _data(cfg: LabelConfig) -> Path | Location:
+    """The corpus directory: a Path, or the `Location` of a URI (read through its filesystem)."""
+    return location(cfg.data, "--data") if is_uri(cfg.data) else Path(cfg.data)
+
+
 def _inputs(cfg: LabelConfig) -> tuple[pa.Table, pa.Table, dict[str, str]]:
-    data = Path(cfg.data)
+    data = _data(cfg)
     sessions_path, bullets_path = data / "sessions.parquet", data / "bullets.parquet"
     sessions = read_table(sessions_path, "sessions")
     bullets = read_table(bullets_path, "bullets")
@@ -121,7 +128,6 @@ def run_judge(cfg: LabelConfig) -> dict[str, Any]:
     entry = cfg.judge_entry()
     _check_models(cfg, entry)
     plan = build_pairs(sessions, bullets, cfg.pair_options(), with_context=entry.context)
-    out.mkdir(parents=True, exist_ok=True)
     by_judge: pa.Table | None = None
     assert entry.judge_all is not None, entry.kind
     judged = entry.judge_all(cfg, plan, inputs)
@@ -223,8 +229,11 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
         "inputs": {"sessions.parquet": inputs["sessions"], "bullets.parquet": inputs["bullets"]},
         "wall_s": round(time.perf_counter() - started, 3),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_summary(out, "plan", summary, render_plan(summary))
+    if out.local:
+        write_summary(out.path, "plan", summary, render_plan(summary))
+    else:
+        (out / "plan.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        (out / "plan.md").write_text(render_plan(summary))
     return summary
 
 
@@ -256,7 +265,7 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
     be used are written to `OUT/rejects.jsonl` with file, record, field and reason.
     """
     started = time.perf_counter()
-    data, out = Path(cfg.data), _out_dir(cfg)
+    data, out = _data(cfg), _out_dir(cfg)
     bullets_path = data / "bullets.parquet"
     bullets = read_table(bullets_path, "bullets")
     inputs: dict[str, str] = {"bullets.parquet": file_digest(bullets_path)}
@@ -264,7 +273,7 @@ def run_source(cfg: LabelConfig) -> dict[str, Any]:
         return _run_source(cfg, data, bullets, inputs, outputs, started)
 
 
-def _run_source(cfg: LabelConfig, data: Path, bullets: pa.Table, inputs: dict[str, str], outputs: OutputSet,
+def _run_source(cfg: LabelConfig, data: Path | Location, bullets: pa.Table, inputs: dict[str, str], outputs: OutputSet,
                 started: float) -> dict[str, Any]:
     source = SOURCES[cfg.source]
     assert source.run is not None, cfg.source

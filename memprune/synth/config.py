@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from memprune.config import ConfigModel
+from memprune.config import ConfigModel, Place
 from memprune.synth.vocabulary import DURABLE, ONEOFF_ITEMS
 
 
@@ -81,6 +80,6 @@ class SynthSettings(ConfigModel):
 class SynthConfig(SynthSettings):
     """`memprune synth`: the settings plus the output directory and how it is written."""
 
-    out: Path
+    out: Place = Field(description="output directory or storage URI (s3://...): sessions/bullets.parquet, synth.json")
     batch_rows: int = Field(50_000, ge=10, description="bullets per Parquet row group (bounded memory)")
     progress: bool = False

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from memprune import stages as registry
-from memprune.config import ConfigModel
+from memprune.config import ConfigModel, Place
 from memprune.errors import MemPruneError
 from memprune.precision import Precision, precision_field
 from memprune.scorer import (
@@ -24,6 +24,7 @@ from memprune.scorer import (
     ScorerConfig,
     canonical_encoder,
 )
+from memprune.storage import canonical, is_uri, location
 from memprune.train.splits import SplitConfig
 
 STAGES: tuple[str, ...] = registry.stage_names()  # method order (memprune/stages.py)
@@ -210,12 +211,22 @@ class TrainSettings(ConfigModel):
         )
 
 
-class TrainConfig(TrainSettings):
-    """Everything `memprune train` needs: the settings plus the corpus, label and output directories."""
+def _out(value: Any) -> Any:
+    """A storage URI stays as written; a local path (or file:// URI) becomes an absolute Path."""
+    if isinstance(value, str) and is_uri(value):
+        loc = location(value, "out")
+        return Path(loc.path) if loc.local else value
+    return Path(value).expanduser().resolve()
 
-    data: Path
-    labels: list[Path] = Field(min_length=1, description="label dirs (labels.parquet); several are mixed")
-    out: Path
+
+class TrainConfig(TrainSettings):
+    """Everything `memprune train` needs: the settings plus the corpus, label and output directories (each a local
+    path or a storage URI)."""
+
+    data: Place
+    labels: list[Place] = Field(min_length=1, description="label dirs (labels.parquet); several are mixed")
+    out: Annotated[Path | str, BeforeValidator(_out)] = Field(
+        description="run directory, or a storage URI: the run is then committed there (see train/recipe.py)")
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -224,6 +235,6 @@ class TrainConfig(TrainSettings):
 
     @model_validator(mode="after")
     def _paths(self) -> "TrainConfig":
-        self.data, self.out = (Path(p).expanduser().resolve() for p in (self.data, self.out))
-        self.labels = [Path(p).expanduser().resolve() for p in self.labels]
+        self.data, self.labels = canonical(os.path.expanduser(self.data)), [
+            canonical(os.path.expanduser(p)) for p in self.labels]
         return self

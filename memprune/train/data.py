@@ -38,7 +38,7 @@ def load_labels(cfg: TrainConfig, known: set[str], ledger: Ledger) -> tuple[pa.T
     by_source: dict[str, int] = {}
     with_agreement = 0
     for t_index, label_dir in enumerate(cfg.labels):
-        labels_path = label_dir / "labels.parquet"
+        labels_path = f"{label_dir}/labels.parquet"
         table = read_table(labels_path, "labels")
         n = table.num_rows
         n_rows += n
@@ -76,7 +76,7 @@ def load_labels(cfg: TrainConfig, known: set[str], ledger: Ledger) -> tuple[pa.T
                               reason=f"superseded: the bullet is also labelled by source {winner[3]!r} "
                                      f"(weight {winner[0]:g}) in {winner[4]}", value=loser[2])
     if cfg.label_weight_by == "agreement" and not with_agreement:
-        where = ", ".join(str(d / "labels.parquet") for d in cfg.labels)
+        where = ", ".join(f"{d}/labels.parquet" for d in cfg.labels)
         raise TrainError(f"label_weight_by=agreement: no label table has an `agreement` column ({where}); it is written "
                          "by `memprune label --judge-set A.yaml,B.yaml` or `--judge-samples k`")
     ledger.wrote("label", len(best))
@@ -107,14 +107,14 @@ def prepare_data(cfg: TrainConfig, ledger: Ledger,
     the counts. `assignment` (conversation -> split, e.g. one fold of `run_folds`) replaces
     the split of `cfg.split`; conversations it does not name are unused.
     """
-    bullets_path = cfg.data / "bullets.parquet"
+    bullets_path = f"{cfg.data}/bullets.parquet"
     bullets = read_table(bullets_path, "bullets").select(["bullet_id", "conversation_id", "session_index", "text"])
     labels, label_counts = load_labels(cfg, set(bullets.column("bullet_id").to_pylist()), ledger)
 
     joined = bullets.join(labels, "bullet_id", join_type="inner")
     n_unlabeled = bullets.num_rows - joined.num_rows
     if joined.num_rows == 0:
-        where = ", ".join(str(d / "labels.parquet") for d in cfg.labels)
+        where = ", ".join(f"{d}/labels.parquet" for d in cfg.labels)
         raise TrainError(f"{where}: no usable label matches a bullet of {bullets_path}")
     joined = joined.sort_by("bullet_id")
     group = pc.binary_join_element_wise(
