@@ -214,6 +214,7 @@ def test_bad_inputs_are_one_line_and_change_nothing(tmp_path, scorer_dir) -> Non
     bad_cfg.write_text("vector_store:\n  provider: no-such-backend\n")
     cases = {
         "unknown store kind 'foo'": ["--input", "foo:bar"],
+        "a table store on object storage is not supported yet": ["--input", "table:s3://bucket/mem.csv"],
         "column 'nope' (mapped to text) missing": ["--input", f"table:{store}", "--map", "id=memory_id,text=nope,group=user"],
         "cannot open the Mem0 store": ["--input", f"mem0:{bad_cfg}"],
         "unknown field 'colour'": ["--input", f"table:{store}", "--map", "colour=red"],

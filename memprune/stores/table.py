@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from memprune.archive import DECISION_COLUMNS
 from memprune.io import atomic_path
+from memprune.storage import is_uri
 from memprune.stores import records as rec
 from memprune.stores.base import INTEGER, Partition, Store, register
 from memprune.stores.config import StoreError
@@ -162,6 +163,9 @@ class TableStore(Store):
 
     def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
         super().__init__(location, mapping)
+        if is_uri(location):
+            raise StoreError(f"table:{location}: a table store on object storage is not supported yet; copy it to a "
+                             "local or shared path (a bullets Parquet store may be a URI: --input s3://...)")
         p = Path(location)
         if p.is_file():
             self.files = [p]
