@@ -25,7 +25,7 @@ from memprune.archive import DECISION_COLUMNS
 from memprune.io import atomic_path
 from memprune.storage import is_uri
 from memprune.stores import records as rec
-from memprune.stores.base import INTEGER, Partition, Store, register
+from memprune.stores.base import INTEGER, STRINGS, Partition, Store, register
 from memprune.stores.config import StoreError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
@@ -123,7 +123,7 @@ def _group_batches(path: Path, fields: dict[str, str], group: str) -> Iterator[p
             if not INTEGER.fullmatch(group):
                 return  # no integer is this group
             value: Any = int(group)
-        elif any(f(kind) for f in (pa.types.is_string, pa.types.is_large_string)):
+        elif any(f(kind) for f in STRINGS):
             value = group
         else:
             yield from data.to_batches(batch_size=BATCH)
