@@ -174,8 +174,8 @@ def _label_cmd(data: Path, out: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_midway_then_rerun_is_byte_identical(small_msc: Path, tmp_path: Path):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def test_sigkill_midway_then_rerun_is_byte_identical(small_msc: Path, tmp_path: Path, ray_address: str):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_ADDRESS": ray_address}
     # uninterrupted reference, through the Ray job entrypoint with the same settings
     ref = tmp_path / "ref"
     subprocess.run([sys.executable, str(REPO / "jobs" / "label.py"), str(REPO / "configs" / "label-similarity.yaml"),

@@ -343,7 +343,7 @@ def _expected_judge(question: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def hf_run(ray_local, tiny_llm, locomo, store, tmp_path_factory):
+def hf_run(ray_address, tiny_llm, locomo, store, tmp_path_factory):
     """qa-eval with the hf engine, killed with SIGKILL after its first answer chunk, then resumed through the CLI
     with a scripted judge (http engine), then a reference whose killed chunk is recomputed from scratch."""
     from tiny_llm import TinyOpenAIServer
@@ -355,7 +355,7 @@ def hf_run(ray_local, tiny_llm, locomo, store, tmp_path_factory):
     out = root / "out"
     settings = ["chunk_questions=4", "dialogue_tokens=150", "bootstrap.samples=200", "progress=false"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address}
+           "RAY_ADDRESS": ray_address}
     cmd = [sys.executable, str(REPO / "jobs" / "qa_eval.py"), str(REPO / "configs" / "qa-eval.yaml"), f"data={locomo}",
            f"pruned={store}", f"out={out}", f"llm_config={llm}", *settings]
     with open(root / "killed.log", "wb") as log:
