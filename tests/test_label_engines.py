@@ -113,7 +113,7 @@ def test_listwise_scores_orders_fallback_and_accounting(listwise_run):
 
 
 def test_listwise_resume_after_sigkill_is_byte_identical(listwise_run, server: TinyOpenAIServer, corpus: Path,
-                                                        tmp_path: Path):
+                                                        tmp_path: Path, ray_address: str):
     ref_out, ref, _ = listwise_run
     llm_yaml = tmp_path / "llm.yaml"
     llm_yaml.write_text(yaml.safe_dump(_http_llm(server)))
@@ -121,7 +121,7 @@ def test_listwise_resume_after_sigkill_is_byte_identical(listwise_run, server: T
     cmd = [sys.executable, "-m", "memprune.cli", "label", "--data", str(corpus), "--out", str(out), "--judge", "llm",
            "--judge-mode", "listwise", "--listwise-orders", "2", "--llm-config", str(llm_yaml), "--shard-size", "6",
            "--context", "1", "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MEMPRUNE_TEST_SCRIPT_DELAY": "0.2"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MEMPRUNE_TEST_SCRIPT_DELAY": "0.2", "RAY_ADDRESS": ray_address}
     os.environ["MEMPRUNE_TEST_SCRIPT_DELAY"] = "0.2"  # the server runs in this process: slow it down for the kill
     try:
         with open(tmp_path / "killed.log", "wb") as log:

@@ -277,7 +277,7 @@ def _staging(out: Path) -> list[Path]:
 
 @pytest.mark.slow
 def test_failed_or_killed_train_keeps_the_earlier_run_and_a_rerun_completes(
-        ray_local: Any, corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        ray_address: str, corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run A completes. Run B (other labels, split and seed) over the same --out fails inside training, then
     is SIGKILLed after preparing its tables: A's run.json, train.md, rejects, splits and artifacts stay byte
     for byte and readable. Rerun, B completes and leaves no staging directory behind."""
@@ -307,7 +307,8 @@ def test_failed_or_killed_train_keeps_the_earlier_run_and_a_rerun_completes(
     args = [sys.executable, "-m", "memprune.cli", "train", "--data", str(data), "--labels", str(labels), "--out",
             str(out), "--stages", "vanilla", "--seeds", "1", "--no-eval", "--set", "max_length=24",
             "--set", "split={valid: 3, test: 2, seed: 1}", "--set", "head.hidden=16", "--set", "embed.actors=1"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MEMPRUNE_LOG_DIR": str(tmp_path / "logs")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MEMPRUNE_LOG_DIR": str(tmp_path / "logs"),
+           "RAY_ADDRESS": ray_address}  # it joins the session's Ray, which ends the killed driver's workers
     with open(tmp_path / "killed.log", "wb") as log:
         proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
         try:
@@ -318,7 +319,7 @@ def test_failed_or_killed_train_keeps_the_earlier_run_and_a_rerun_completes(
                     break
                 time.sleep(0.05)
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and whatever it started
             proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     assert _staging(out)  # killed midway: its uncommitted tables are still there ...
