@@ -136,7 +136,7 @@ def test_same_decisions_from_mem0_lance_and_parquet(decisions, mem0_store) -> No
 
 
 @pytest.mark.slow
-def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_store, scorer_dir) -> None:
+def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_store, scorer_dir, ray_address) -> None:
     config, _ = mem0_store
     out, decision = decisions["mem0"]
     rows = decision.to_pylist()
@@ -160,7 +160,7 @@ def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_s
     args = ["prune", "--scorer", str(scorer_dir), "--input", f"mem0:{config}", "--out", str(out), *RULE,
             "--set", "store.batch=1", "--apply"]
     proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": ray_address})
     assert proc.returncode == -9, proc.stderr[-2000:]
     partial = _get_all(config)
     assert sum(map(len, partial.values())) == sum(map(len, before.values())) - 1
