@@ -89,16 +89,18 @@ MEMORIES = [{"id": f"m{i:02d}", "text": text, "group": user, "time": f"2024-01-{
                                               ("bo", "Bo moved to Oslo."), ("bo", "lol")])]
 
 
-def _memprune(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """The CLI in a process that imports the plugin module first (its Ray workers can import it too)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    env.pop("RAY_ADDRESS", None)
+def _memprune(tmp_path: Path, ray_address: str, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a process that imports the plugin module first, on the session's Ray; run in the plugin's
+    directory, which Ray puts on the path of the job's workers, so that they can import it too."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]), "RAY_ADDRESS": ray_address}
     script = "import toy_plugins, sys\nfrom memprune.cli import app\napp(sys.argv[1:])\n"
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=tmp_path)
 
 
 @pytest.mark.slow
-def test_a_toy_policy_and_a_toy_store_run_through_prune_apply_and_restore(scorer_dir: Path, tmp_path: Path) -> None:
+def test_a_toy_policy_and_a_toy_store_run_through_prune_apply_and_restore(scorer_dir: Path, tmp_path: Path,
+                                                                          ray_address: str) -> None:
     (tmp_path / "toy_plugins.py").write_text(PLUGIN)
     store = tmp_path / "memories.json"
     store.write_text(json.dumps(MEMORIES, indent=1))
@@ -106,7 +108,7 @@ def test_a_toy_policy_and_a_toy_store_run_through_prune_apply_and_restore(scorer
     args = ["prune", "--input", f"toyjson:{store}", "--scorer", str(scorer_dir), "--out", str(tmp_path / "o"),
             "--policy", "alternate", "--min-keep", "0", "--set", "rule.step=2", "--set", "progress=false",
             "--set", "actors=1"]
-    proc = _memprune(tmp_path, *args)
+    proc = _memprune(tmp_path, ray_address, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "o" / "prune.json").read_text())
     assert summary["rule"]["name"] == "alternate2" and "every 2th bullet" in summary["rule"]["description"]
@@ -116,10 +118,10 @@ def test_a_toy_policy_and_a_toy_store_run_through_prune_apply_and_restore(scorer
         assert len(rows) == n and sum(r["keep"] for r in rows) == (n + 1) // 2
         assert {r["reason"] for r in rows if not r["keep"]} == {"off_step"}
     assert json.loads(store.read_text()) == original  # decided, not changed
-    proc = _memprune(tmp_path, *args, "--apply")
+    proc = _memprune(tmp_path, ray_address, *args, "--apply")
     assert proc.returncode == 0, proc.stderr[-3000:]
     kept = {r["id"] for r in decision if r["keep"]}
     assert {r["id"] for r in json.loads(store.read_text())} == kept
-    proc = _memprune(tmp_path, "restore", "--archive", str(tmp_path / "o" / "archive"), "--all")
+    proc = _memprune(tmp_path, ray_address, "restore", "--archive", str(tmp_path / "o" / "archive"), "--all")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(store.read_text()) == original
