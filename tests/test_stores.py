@@ -524,7 +524,7 @@ def test_a_store_of_several_files_read_by_ray_tasks_equals_the_same_records_read
         store = open_store("table", str(d), {"group": "user"})
         assert len(store.partitions()) == (1 if name == "one" else 3)
         e = export(store, tmp_path / f"work-{name}")
-        got[name] = (pq.read_table(e.bullets).to_pylist(), e.rejects, e.fingerprint, e.usable)
+        got[name] = (pq.read_table(e.bullets.path).to_pylist(), e.rejects, e.fingerprint, e.usable)
     assert got["one"] == got["many"] and got["one"][3] == 11 and [r["id"] for r in got["one"][1]] == ["0007"]
 
 

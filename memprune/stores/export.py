@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 
 from memprune.prune.lifecycle import TIME as BULLET_TIME, LifecycleError, epoch_seconds
 from memprune.schema import BULLETS
-from memprune.storage import Location
+from memprune.storage import Location, location
 from memprune.stores.base import NORMAL, Store, bad_pin, pin_flags
 from memprune.stores.config import StoreError
 
@@ -152,12 +153,13 @@ def _write(table: pa.Table, path: Location) -> None:
     pq.write_table(table, path.path, filesystem=path.fs)
 
 
-def export(store: Store, work: Location, io_cpus: float = 0.1, sort_in_memory: int = 200_000,
+def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float = 0.1, sort_in_memory: int = 200_000,
            check_times: bool = False) -> Export:
     """Read `store` into `work/bullets/` (sorted bullets layout) with rejects and fingerprint; see the module doc.
     `work` is a local directory or a prefix on object storage (the Ray Data tasks write there directly)."""
     import ray
 
+    work = location(work)
     work.delete()
     normal, bullets = work / "normal", work / "bullets"
     timing: dict[str, float] = {}
