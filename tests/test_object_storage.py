@@ -427,6 +427,12 @@ def test_a_table_store_on_s3_is_decided_split_applied_and_restored_byte_for_byte
     res = _cli("restore", "--archive", f"{out}/archive", "--all")
     assert res.exit_code == 0 and json.loads(res.output)["restored"] == len(dropped) - 1, res.output
     assert location(remote).read_bytes() == STORE_CSV
+    res = _cli("score", "--input", f"table:{remote}", "--scorer", str(scorer_dir), "--out", f"{bucket}/scores",
+               "--map", "group=user", "--set", "progress=false", "--set", "actors=1")
+    assert res.exit_code == 0, res.output
+    assert _marker(location(f"{bucket}/scores"))["state"] == "done"
+    scored = location(remote).read_text().splitlines()
+    assert scored[0] == "id,text,user,zip,memprune_score" and scored[1].startswith(STORE_LINES[0].strip() + ",0.")
 
     # a Lance dataset on S3 (read by Lance's own client from the same environment) decides as its local copy
     table = pacsv.read_csv(pa.py_buffer(STORE_CSV), convert_options=pacsv.ConvertOptions(
