@@ -77,7 +77,8 @@ def apply_decision(store: Store, out: str | os.PathLike[str] | Location, summary
             write_archive(str(archive_dir), records, id_column=_id_column(store), store=store.describe(),
                           fingerprint=summary["store"]["fingerprint"])
         else:
-            archived = set(read_archive(str(archive_dir)).records.column(_id_column(store)).cast(pa.string()).to_pylist())
+            archive = read_archive(str(archive_dir)).records
+            archived = set(archive.column(_id_column(store)).cast(pa.string()).to_pylist())
             lacking = [i for i in [*todo_ids, *missing.column("id").to_pylist()] if i not in archived]
             if lacking:
                 raise StoreError(f"{archive_dir}: does not hold dropped record {lacking[0]!r}; this archive belongs to "

@@ -147,12 +147,6 @@ def _parquet_files(directory: Location) -> list[Location]:
     return [directory / n for n in sorted(directory.files()) if n.endswith(".parquet") and "/" not in n]
 
 
-def _write(table: pa.Table, path: Location) -> None:
-    if path.local:
-        path.fs.create_dir(path.parent.path, recursive=True)
-    pq.write_table(table, path.path, filesystem=path.fs)
-
-
 def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float = 0.1, sort_in_memory: int = 200_000,
            check_times: bool = False) -> Export:
     """Read `store` into `work/bullets/` (sorted bullets layout) with rejects and fingerprint; see the module doc.
@@ -162,6 +156,9 @@ def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float
     work = location(work)
     work.delete()
     normal, bullets = work / "normal", work / "bullets"
+    if work.local:  # object storage has no directories to make
+        for d in (normal, bullets):
+            d.fs.create_dir(d.path, recursive=True)
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
     parts = store.partitions() if store.parallel else [store.read]
@@ -169,10 +166,7 @@ def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float
         ray.data.read_datasource(store_datasource(store, parts), num_cpus=io_cpus).write_parquet(
             normal.path, filesystem=normal.fs, ray_remote_args={"num_cpus": io_cpus})
     else:  # one reader only, or one partition (a task would read it alone, after starting a worker): here
-        first = normal / "part-00000.parquet"
-        if first.local:
-            first.fs.create_dir(normal.path, recursive=True)
-        with pq.ParquetWriter(first.path, NORMAL, filesystem=first.fs) as writer:
+        with pq.ParquetWriter((normal / "part-00000.parquet").path, NORMAL, filesystem=normal.fs) as writer:
             for part in parts:
                 for batch in part():
                     writer.write_batch(batch)
@@ -184,8 +178,8 @@ def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float
     id_hashes: list[np.ndarray] = []
     pins = 0
     for f in files:
-        for batch in pq.ParquetFile(f.path, filesystem=f.fs).iter_batches(columns=["id", "hash", "reject", "group", "time", "pin"],
-                                                    batch_size=65_536):
+        columns = ["id", "hash", "reject", "group", "time", "pin"]
+        for batch in pq.ParquetFile(f.path, filesystem=f.fs).iter_batches(columns=columns, batch_size=65_536):
             pins += check_lives(store, batch, check_times)
             ids, hashes, reject = batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()
             keep = [i is not None and i != "" for i in ids]
@@ -217,7 +211,8 @@ def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float
     if usable and usable <= sort_in_memory:  # small enough: one driver-side sort beats a distributed one
         table = to_bullets(pa.concat_tables([pq.read_table(f.path, schema=NORMAL, filesystem=f.fs) for f in files]),
                            check_times)
-        _write(table.sort_by([(k, "ascending") for k in SORT_KEYS]), bullets / "part-00000.parquet")
+        pq.write_table(table.sort_by([(k, "ascending") for k in SORT_KEYS]), (bullets / "part-00000.parquet").path,
+                       filesystem=bullets.fs)
     elif usable:
         ds = ray.data.read_parquet(normal.path, filesystem=normal.fs, ray_remote_args={"num_cpus": io_cpus})
         ds = ds.map_batches(functools.partial(to_bullets, times=check_times), batch_format="pyarrow", batch_size=None,
@@ -225,7 +220,7 @@ def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float
         ds.sort(SORT_KEYS).write_parquet(bullets.path, filesystem=bullets.fs, ray_remote_args={"num_cpus": io_cpus})
         _rename_in_order(bullets)
     else:
-        _write(STAGED.empty_table(), bullets / "part-00000.parquet")
+        pq.write_table(STAGED.empty_table(), (bullets / "part-00000.parquet").path, filesystem=bullets.fs)
     timing["sort_s"] = time.perf_counter() - t2
     return Export(bullets, count + without_id, usable, rejects, without_id, fingerprint(count, key), timing)
 

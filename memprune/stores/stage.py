@@ -5,9 +5,9 @@ it with the groups the store defines, writes the decision (`OUT/decision.parquet
 time, text, hash, score, keep, reason), `OUT/prune.json` + `prune.md` and `OUT/rejects.jsonl` (with
 `--emit split` also `OUT/kept/` and the `OUT/dropped/` archive, as a bullets prune does), and
 with `store.apply` changes the store (`memprune.stores.apply`). OUT may be a directory or a URI: the
-work files then live under `OUT/.work/` on the bucket and the outputs are committed there (`OutputSet`). An `--apply` on an OUT that already
-holds a decision for the same store, scorer and rule applies that decision (after the changed-store
-check) instead of deciding again: dry run first, look, then apply.
+work files then live under `OUT/.work/` on the bucket and the outputs are committed there
+(`OutputSet`). An `--apply` on an OUT that already holds a decision for the same store, scorer and
+rule applies that decision (after the changed-store check) instead of deciding again: dry run first, look, then apply.
 `run_score(cfg)` adds scores to a store without deciding anything.
 """
 
@@ -175,7 +175,8 @@ def _decide(store: Store, config: Any, out: Location) -> dict[str, Any]:
             summary["emitted"] = write_split(pruned, input_ids, STAGED.names, outputs.staging, outputs.loc,
                                              job["fingerprint"], {"input": config.input,
                                                                   "decision": summary["output"]["decision"]})
-        shown = {**job, "emitted": summary["emitted"], "output": {**job["output"], "store": str(out / "decision.parquet")}}
+        shown = {**job, "emitted": summary["emitted"],
+                 "output": {**job["output"], "store": str(out / "decision.parquet")}}
         write_summary(outputs.staging, "prune", summary, render_markdown(shown) + store_section(summary))
     _clean(out)
     return summary

@@ -172,20 +172,23 @@ def _write_parquet(path: Location, table: pa.Table) -> None:
 def _files(where: Location) -> list[Location]:
     """The store's files: the file itself, or the Parquet/JSONL/CSV files below a directory (names starting with `.`
     or `_` skipped), in path order; a missing bucket, object or directory is one line."""
+    missing = StoreError(f"table:{where}: no such file or directory")
     if where.local:  # spelled as before: the archive records each record's file
         root = Path(where.uri.removeprefix("file://"))
         if root.is_file():
             return [storage.location(str(root))]
-        names = sorted(f.relative_to(root) for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
+        if not root.is_dir():
+            raise missing
+        names = sorted(f.relative_to(root) for f in root.rglob("*") if f.is_file())
         at = lambda n: storage.location(str(root / n))  # noqa: E731
     else:
         where.check_reachable()
         if where.is_file():
             return [where]
         names = [Path(n) for n in sorted(where.files())]
+        if not names:
+            raise missing
         at = lambda n: where / str(n)  # noqa: E731
-    if not names and not (where.local and root.is_dir()):
-        raise StoreError(f"table:{where}: no such file or directory")
     files = [at(n) for n in names
              if n.suffix.lower() in FORMATS and not any(part.startswith((".", "_")) for part in n.parts)]
     if not files:
