@@ -59,9 +59,9 @@ class Archive:
 
 
 def write_archive(directory: str | Path, records: pa.Table, *, id_column: str, store: dict[str, Any],
-                  fingerprint: str) -> None:
+                  fingerprint: str) -> str | Path:
     """Write `records` (with the decision columns) as an archive into `directory` (a path or a URI), committed as
-    one set."""
+    one set; returns `directory`."""
     missing = [c for c in (id_column, *REQUIRED_COLUMNS) if c not in records.column_names]
     if missing:
         raise ArchiveError(f"{directory}: archive records lack column {missing[0]!r}")
@@ -75,6 +75,7 @@ def write_archive(directory: str | Path, records: pa.Table, *, id_column: str, s
             for row in records.to_pylist():
                 fh.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
         write_json(outputs.path("archive.json"), manifest)
+    return directory
 
 
 def read_archive(directory: str | Path, ids: Iterable[str] | None = None) -> Archive:
