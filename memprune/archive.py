@@ -59,8 +59,9 @@ class Archive:
 
 
 def write_archive(directory: str | Path, records: pa.Table, *, id_column: str, store: dict[str, Any],
-                  fingerprint: str) -> Path:
-    """Write `records` (with the decision columns) as an archive into `directory`, committed as one set."""
+                  fingerprint: str) -> str | Path:
+    """Write `records` (with the decision columns) as an archive into `directory` (a path or a URI), committed as
+    one set; returns `directory`."""
     missing = [c for c in (id_column, *REQUIRED_COLUMNS) if c not in records.column_names]
     if missing:
         raise ArchiveError(f"{directory}: archive records lack column {missing[0]!r}")
@@ -68,13 +69,13 @@ def write_archive(directory: str | Path, records: pa.Table, *, id_column: str, s
         raise ArchiveError(f"{directory}: the archive's store description needs a 'kind'")
     manifest = {"format": ARCHIVE_FORMAT, "fingerprint": fingerprint, "rows": records.num_rows,
                 "id_column": id_column, "store": jsonable(store)}
-    with OutputSet(Path(directory), "archive") as outputs:
+    with OutputSet(directory, "archive") as outputs:
         pq.write_table(records, outputs.path("archive.parquet"))
         with open(outputs.path("archive.jsonl"), "w", encoding="utf-8") as fh:
             for row in records.to_pylist():
                 fh.write(json.dumps(jsonable(row), ensure_ascii=False) + "\n")
         write_json(outputs.path("archive.json"), manifest)
-    return Path(directory)
+    return directory
 
 
 def read_archive(directory: str | Path, ids: Iterable[str] | None = None) -> Archive:

@@ -116,10 +116,17 @@ def jsonable(obj: Any) -> Any:
     return getattr(obj, "value", str(obj))
 
 
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write `obj` as indented, key-sorted JSON, atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+def write_json(path: str | os.PathLike[str] | Any, obj: Any) -> None:
+    """Write `obj` as indented, key-sorted JSON, atomically (`path` may be a URI or a `Location`: one PUT)."""
+    from memprune.storage import location
+
+    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    loc = location(path)
+    if not loc.local:
+        loc.write_text(text)
+        return
+    with atomic_path(loc.path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write_table(table: pa.Table, path: str | os.PathLike[str], name: str | None = None) -> None:
@@ -323,13 +330,22 @@ def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
     return loc
 
 
-def check_out_outside(out: Path, location: str, what: str) -> None:
-    """Refuse an output directory inside (or equal to) the store it reads: the store would read memprune's own files."""
-    loc = Path(location)
-    if not loc.exists():
+def check_out_outside(out: str | os.PathLike[str] | Any, location: str, what: str) -> None:
+    """Refuse an output directory (or URI prefix) inside (or equal to) the store it reads: the store would read
+    memprune's own files."""
+    from memprune.storage import location as resolve, same_fs
+
+    o, here = resolve(out), resolve(location)
+    if o.local != here.local:
         return
-    o, here = out.resolve(), loc.resolve()
-    if o == here or here in o.parents:
+    if not o.local:
+        inside = same_fs(o, here) and (o.path + "/").startswith(here.path.rstrip("/") + "/")
+    elif not Path(here.path).exists():
+        return
+    else:
+        a, b = Path(o.path).resolve(), Path(here.path).resolve()
+        inside = a == b or b in a.parents
+    if inside:
         raise MemPruneError(f"--out {out}: inside the {what} {location}; memprune would read its own outputs as "
                             "store records (and an apply would delete them). Put --out outside the store")
 

@@ -177,7 +177,7 @@ class Location:
         from pyarrow import fs
 
         try:
-            if not _same_fs(self, target):
+            if not same_fs(self, target):
                 fs.copy_files(self.path, target.path, source_filesystem=self.fs, destination_filesystem=target.fs)
             elif self.is_dir():
                 for name in self.files():
@@ -211,7 +211,24 @@ def canonical(value: str | os.PathLike[str]) -> str:
     return loc.path if loc.local else loc.uri
 
 
-def _same_fs(a: Location, b: Location) -> bool:
+def object_store_options(value: str) -> dict[str, str]:
+    """Storage options for libraries with their own object-store client (Lance): the S3 endpoint, region and keys
+    from the same standard environment pyarrow reads (`AWS_ENDPOINT_URL`, `AWS_DEFAULT_REGION`, ...); empty for
+    a local path and for other schemes (their clients read their own environment)."""
+    if not str(value).lower().startswith("s3://"):
+        return {}
+    env = os.environ
+    options = {"endpoint": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
+               "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+               "access_key_id": env.get("AWS_ACCESS_KEY_ID"), "secret_access_key": env.get("AWS_SECRET_ACCESS_KEY"),
+               "session_token": env.get("AWS_SESSION_TOKEN")}
+    if (options["endpoint"] or "").startswith("http://"):
+        options["allow_http"] = "true"
+    return {k: v for k, v in options.items() if v}
+
+
+def same_fs(a: Location, b: Location) -> bool:
+    """Two locations on one filesystem (same kind and options): a server-side copy or a prefix check applies."""
     return a.fs is b.fs or (type(a.fs) is type(b.fs) and a.fs == b.fs)
 
 

@@ -265,3 +265,37 @@ def test_pipeline_on_s3_trains_stage2_on_the_node_without_the_drivers_disk(two_n
     assert trained["ray"]["storage"] == f"{out}/train/ray" and trained["epochs_run"] == 1
     logs = list(Path(f"/proc/{worker.pid}/root{private}/ray").glob("session_*/logs/worker-*.out"))  # the node's
     assert any(b":actor_name:RayTrainWorker" in f.read_bytes() for f in logs), len(logs)  # Ray names each actor there
+
+
+def test_a_table_store_on_s3_is_pruned_split_applied_and_restored_through_ray_job_submit(two_nodes, bucket: str,
+                                                                                          scorer_dir: Path):
+    """A `table:s3://` directory store of two CSV files through `ray job submit`: jobs/prune.py decides with
+    `emit=split` into an S3 out, then applies (each file rewritten as a whole object: only the dropped records
+    leave), and `memprune restore --archive s3://.../archive --all`, submitted as a job too, gives back every
+    object byte for byte."""
+    from test_object_storage import STORE_LINES
+
+    jobs = two_nodes[3]
+    header = "id,text,user,zip\n"
+    files = {"a.csv": header + "".join(STORE_LINES[:12]), "b.csv": header + "".join(STORE_LINES[12:])}
+    for name, text in files.items():
+        (location(bucket) / "store" / name).write_text(text)
+    out = f"{bucket}/store-pruned"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    args = ["jobs/prune.py", "configs/prune-local.yaml", f"scorer={upload(scorer_dir, f'{bucket}/scorer')}",
+            f"input=table:{bucket}/store", f"out={out}", "store.map={group: user}", "rule.group_by=conversation",
+            "rule.threshold=0", "rule.top_k=2", "emit=split", "progress=false"]
+    submit(jobs, env, "memprune-store-decide", *args)
+    root = location(out)
+    assert json.loads((root / ".memprune.json").read_text())["state"] == "done"
+    assert (root / "kept").is_dir() and (root / "dropped" / "archive.json").is_file()
+    decision = pq.read_table((root / "decision.parquet").path, filesystem=root.fs)
+    keep = dict(zip(decision["id"].to_pylist(), decision["keep"].to_pylist()))
+    submit(jobs, env, "memprune-store-apply", *args, "store.apply=delete")
+    for name, text in files.items():
+        lines = text.splitlines(keepends=True)
+        assert (location(bucket) / "store" / name).read_text() == lines[0] + "".join(
+            ln for ln in lines[1:] if keep[ln[:4]])
+    submit(jobs, env, "memprune-store-restore", "restore", "--archive", f"{out}/archive", "--all",
+           entry=(str(BIN / "memprune"),))
+    assert {n: (location(bucket) / "store" / n).read_text() for n in files} == files

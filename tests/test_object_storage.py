@@ -339,3 +339,111 @@ def test_synth_and_ingest_write_their_corpus_tables_to_s3_as_they_do_locally(buc
         assert set(root.files()) == {p.name for p in local.iterdir()}
         for name in tables:
             assert (root / name).read_bytes() == (local / name).read_bytes(), name
+
+
+STORE_LINES = [f"{i:04d},Memory number {i} of {'Alice' if i % 2 else 'Bob'}.,u{i % 6},{2139 + i:05d}\n"
+               for i in range(1, 25)]
+STORE_CSV = ("id,text,user,zip\n" + "".join(STORE_LINES)).encode()  # ids `0003`, zips `02139`: text, never numbers
+STORE_RULE = ["--map", "group=user", "--threshold", "0", "--top-k", "2", "--no-dedup", "--set", "progress=false",
+              "--set", "actors=1"]
+
+
+def test_store_inputs_and_outputs_on_s3_that_cannot_be_used_are_one_line_and_nothing_is_written(
+        bucket: str, scorer_dir: Path, tmp_path: Path) -> None:
+    (location(bucket) / "theirs" / "data.csv").write_text("a,b\n")
+    store = tmp_path / "mem.csv"
+    store.write_bytes(STORE_CSV)
+    base = ["prune", "--scorer", str(scorer_dir), *STORE_RULE]
+    cases = {
+        "bucket 'memprune-no-such-bucket' does not exist": [*base, "--input", "table:s3://memprune-no-such-bucket/m.csv",
+                                                            "--out", f"{bucket}/o"],
+        f"table:{bucket}/absent.csv: no such file or directory": [*base, "--input", f"table:{bucket}/absent.csv",
+                                                                  "--out", f"{bucket}/o"],
+        "cannot open as a Lance dataset": [*base, "--input", f"lance:{bucket}/absent.lance", "--out", f"{bucket}/o"],
+        "not a memprune output": [*base, "--input", f"table:{store}", "--out", f"{bucket}/theirs"],
+        "no decision to apply yet": [*base, "--input", f"table:{store}", "--out", f"{bucket}/o", "--apply"],
+    }
+    for expected, args in cases.items():
+        res = _cli(*args)
+        assert res.exit_code == 2, (expected, res.output)
+        assert len(res.output.strip().splitlines()) == 1 and expected in " ".join(res.output.split()), res.output
+    assert sorted(location(bucket).files()) == ["theirs/data.csv"] and store.read_bytes() == STORE_CSV
+
+
+@pytest.mark.slow  # three Ray Data prune jobs
+def test_a_table_store_on_s3_is_decided_split_applied_and_restored_byte_for_byte(ray_local, bucket: str,
+                                                                                   scorer_dir: Path,
+                                                                                   tmp_path: Path) -> None:
+    """`table:s3://.../mem.csv` pruned into `--out s3://...` with `--emit split`, then `--apply`: the object afterwards
+    is, byte for byte, what the local apply of the same decision makes of a local copy; the archive on S3 restores
+    it (a partial restore, then `--all`) to the original bytes. A Lance dataset on S3 decides as its local copy."""
+    import lance
+    import pyarrow.csv as pacsv
+
+    from memprune.storage import object_store_options
+    from memprune.stores import StoreOptions, open_store
+    from memprune.stores.apply import apply_decision
+
+    remote, out = f"{bucket}/store/mem.csv", f"{bucket}/pruned"
+    location(remote).write_bytes(STORE_CSV)
+    args = ["prune", "--input", f"table:{remote}", "--scorer", str(scorer_dir), "--out", out, *STORE_RULE]
+    res = _cli(*args, "--emit", "split")
+    assert res.exit_code == 0, res.output
+    root = location(out)
+    assert _marker(root)["state"] == "done" and location(remote).read_bytes() == STORE_CSV
+    assert set(_marker(root)["files"]) == {"decision.parquet", "rejects.jsonl", "prune.json", "prune.md", "kept",
+                                           "dropped"}
+    assert not [n for n in root.files() if n.startswith((".work", ".staging-"))]
+    decision = pq.read_table((root / "decision.parquet").path, filesystem=root.fs)
+    keep = dict(zip(decision["id"].to_pylist(), decision["keep"].to_pylist()))
+    assert sorted(keep) == [f"{i:04d}" for i in range(1, 25)] and 0 < sum(keep.values()) < 24
+    summary = json.loads((root / "prune.json").read_text())
+    assert summary["emitted"]["kept"] == {"path": f"{out}/kept", "rows": sum(keep.values())}
+    kept = pq.read_table((root / "kept").path, filesystem=root.fs)
+    assert sorted(kept["bullet_id"].to_pylist()) == sorted(i for i, k in keep.items() if k)
+
+    # the apply check: a record changed since the decision is a refusal, nothing changed
+    location(remote).write_bytes(STORE_CSV.replace(b"Memory number 7 ", b"Memory number seven "))
+    res = _cli(*args, "--apply")
+    assert res.exit_code == 2 and "the store changed since the decision" in " ".join(res.output.split()), res.output
+    assert not (root / "archive").exists()
+    location(remote).write_bytes(STORE_CSV)
+    res = _cli(*args, "--apply")
+    assert res.exit_code == 0, res.output
+    applied = location(remote).read_bytes()
+    local_dir = tmp_path / "local"
+    local_dir.mkdir()
+    (local_dir / "mem.csv").write_bytes(STORE_CSV)
+    pq.write_table(decision, local_dir / "decision.parquet")
+    local = open_store("table", str(local_dir / "mem.csv"), {"group": "user"})
+    apply_decision(local, local_dir, summary, StoreOptions(apply="delete"))
+    assert applied == (local_dir / "mem.csv").read_bytes() == b"id,text,user,zip\n" + "".join(
+        ln for ln in STORE_LINES if keep[ln[:4]]).encode()
+    assert json.loads((root / "apply.json").read_text())["deleted"] == 24 - sum(keep.values())
+    dropped = sorted(i for i, k in keep.items() if not k)
+    (tmp_path / "ids").write_text(dropped[-1] + "\n")
+    res = _cli("restore", "--archive", f"{out}/archive", "--ids", str(tmp_path / "ids"))
+    assert res.exit_code == 0 and json.loads(res.output)["restored"] == 1, res.output
+    res = _cli("restore", "--archive", f"{out}/archive", "--all")
+    assert res.exit_code == 0 and json.loads(res.output)["restored"] == len(dropped) - 1, res.output
+    assert location(remote).read_bytes() == STORE_CSV
+    res = _cli("score", "--input", f"table:{remote}", "--scorer", str(scorer_dir), "--out", f"{bucket}/scores",
+               "--map", "group=user", "--set", "progress=false", "--set", "actors=1")
+    assert res.exit_code == 0, res.output
+    assert _marker(location(f"{bucket}/scores"))["state"] == "done"
+    scored = location(remote).read_text().splitlines()
+    assert scored[0] == "id,text,user,zip,memprune_score" and scored[1].startswith(STORE_LINES[0].strip() + ",0.")
+
+    # a Lance dataset on S3 (read by Lance's own client from the same environment) decides as its local copy
+    table = pacsv.read_csv(pa.py_buffer(STORE_CSV), convert_options=pacsv.ConvertOptions(
+        column_types={c: pa.string() for c in ("id", "text", "user", "zip")}))
+    lance.write_dataset(table, str(tmp_path / "mem.lance"))
+    lance.write_dataset(table, f"{bucket}/mem.lance", storage_options=object_store_options(bucket))
+    decisions = []
+    for where, into in ((str(tmp_path / "mem.lance"), str(tmp_path / "lance-out")), (f"{bucket}/mem.lance",
+                                                                                      f"{bucket}/lance-out")):
+        res = _cli("prune", "--input", f"lance:{where}", "--scorer", str(scorer_dir), "--out", into, *STORE_RULE)
+        assert res.exit_code == 0, res.output
+        got = pq.read_table((location(into) / "decision.parquet").path, filesystem=location(into).fs)
+        decisions.append(got.select(["id", "keep", "reason"]).sort_by("id").to_pylist())
+    assert decisions[0] == decisions[1] == decision.select(["id", "keep", "reason"]).sort_by("id").to_pylist()

@@ -204,9 +204,10 @@ def _store_values(map_: Optional[str], apply: Optional[str]) -> dict[str, Any]:
 
 @app.command()
 def score(
-    scorer: Optional[Path] = typer.Option(None, "--scorer", help="Scorer artifact directory."),
+    scorer: Optional[str] = typer.Option(None, "--scorer", help="Scorer artifact directory, or its URI (s3://...)."),
     input: Optional[str] = typer.Option(None, "--input", "-i", help="KIND:LOCATION (table:, lance:, mem0:) or a bullets Parquet path."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: scores.parquet, score.json, score.md."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): scores.parquet, "
+                                                                 "score.json, score.md."),
     supersede: Optional[str] = SUPERSEDE,
     supersede_scope: Optional[str] = SUPERSEDE_SCOPE,
     supersede_subject: Optional[str] = SUPERSEDE_SUBJECT,

@@ -12,8 +12,8 @@ which the check accepts, so a rerun finishes the deletes; once done, a rerun del
 
 from __future__ import annotations
 
+import os
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from memprune.archive import DUPLICATE_OF, REASON, SCORE, SUPERSEDED_BY, read_archive, write_archive
 from memprune.io import write_json
+from memprune.storage import Location, location
 from memprune.stores.base import Store, chunks
 from memprune.stores.config import StoreError, StoreOptions
 from memprune.stores.export import scan_current
@@ -44,11 +45,14 @@ def diff(current: pa.Table, decision: pa.Table) -> tuple[pa.Table, pa.Table, pa.
     return added, changed, missing
 
 
-def apply_decision(store: Store, out: Path, summary: dict[str, Any], options: StoreOptions) -> dict[str, Any]:
-    """Apply the decision in `out` to `store` (mode `options.apply`); writes and returns `OUT/apply.json`."""
+def apply_decision(store: Store, out: str | os.PathLike[str] | Location, summary: dict[str, Any],
+                   options: StoreOptions) -> dict[str, Any]:
+    """Apply the decision in `out` (a directory or a URI) to `store` (mode `options.apply`); writes and returns
+    `OUT/apply.json`."""
     started = time.perf_counter()
     mode = options.apply
-    decision = pq.read_table(out / "decision.parquet")
+    out = location(out)
+    decision = pq.read_table((out / "decision.parquet").path, filesystem=out.fs)
     decided = decision.filter(pc.is_valid(decision.column("score")))
     current = scan_current(store)
     added, changed, missing = diff(current, decision)
@@ -70,10 +74,11 @@ def apply_decision(store: Store, out: Path, summary: dict[str, Any], options: St
     if mode == "delete":
         if not has_archive:
             records = archive_records(store, dropped, todo_ids)
-            write_archive(archive_dir, records, id_column=_id_column(store), store=store.describe(),
+            write_archive(str(archive_dir), records, id_column=_id_column(store), store=store.describe(),
                           fingerprint=summary["store"]["fingerprint"])
         else:
-            archived = set(read_archive(archive_dir).records.column(_id_column(store)).cast(pa.string()).to_pylist())
+            archive = read_archive(str(archive_dir)).records
+            archived = set(archive.column(_id_column(store)).cast(pa.string()).to_pylist())
             lacking = [i for i in [*todo_ids, *missing.column("id").to_pylist()] if i not in archived]
             if lacking:
                 raise StoreError(f"{archive_dir}: does not hold dropped record {lacking[0]!r}; this archive belongs to "

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,7 @@ import pyarrow.parquet as pq
 
 from memprune.prune.lifecycle import TIME as BULLET_TIME, LifecycleError, epoch_seconds
 from memprune.schema import BULLETS
+from memprune.storage import Location, location
 from memprune.stores.base import NORMAL, Store, bad_pin, pin_flags
 from memprune.stores.config import StoreError
 
@@ -94,7 +94,7 @@ def store_datasource(store: Store, parts: list[Callable[[], Iterator[pa.RecordBa
 class Export:
     """A store read into the bullets layout: where, how many rows, rejects, fingerprint, timings."""
 
-    bullets: Path
+    bullets: Location
     records: int
     usable: int
     rejects: list[dict[str, Any]] = field(default_factory=list)
@@ -143,36 +143,43 @@ def check_lives(store: Store, batch: pa.RecordBatch, check_times: bool) -> int:
     return len(batch) - batch.column("pin").null_count
 
 
-def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int = 200_000,
+def _parquet_files(directory: Location) -> list[Location]:
+    return [directory / n for n in sorted(directory.files()) if n.endswith(".parquet") and "/" not in n]
+
+
+def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float = 0.1, sort_in_memory: int = 200_000,
            check_times: bool = False) -> Export:
-    """Read `store` into `work/bullets/` (sorted bullets layout) with rejects and fingerprint; see the module doc."""
+    """Read `store` into `work/bullets/` (sorted bullets layout) with rejects and fingerprint; see the module doc.
+    `work` is a local directory or a prefix on object storage (the Ray Data tasks write there directly)."""
     import ray
 
-    if work.exists():
-        shutil.rmtree(work)
+    work = location(work)
+    work.delete()
     normal, bullets = work / "normal", work / "bullets"
-    normal.mkdir(parents=True)
+    if work.local:  # object storage has no directories to make
+        for d in (normal, bullets):
+            d.fs.create_dir(d.path, recursive=True)
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
     parts = store.partitions() if store.parallel else [store.read]
     if len(parts) > 1:  # one Ray Data read task per partition
         ray.data.read_datasource(store_datasource(store, parts), num_cpus=io_cpus).write_parquet(
-            str(normal), ray_remote_args={"num_cpus": io_cpus})
+            normal.path, filesystem=normal.fs, ray_remote_args={"num_cpus": io_cpus})
     else:  # one reader only, or one partition (a task would read it alone, after starting a worker): here
-        with pq.ParquetWriter(normal / "part-00000.parquet", NORMAL) as writer:
+        with pq.ParquetWriter((normal / "part-00000.parquet").path, NORMAL, filesystem=normal.fs) as writer:
             for part in parts:
                 for batch in part():
                     writer.write_batch(batch)
     timing["read_s"] = time.perf_counter() - t0
     t1 = time.perf_counter()
-    files = sorted(normal.glob("*.parquet"))
+    files = _parquet_files(normal)
     count, usable, key, without_id = 0, 0, 0, 0
     rejects: list[dict[str, Any]] = []
     id_hashes: list[np.ndarray] = []
     pins = 0
     for f in files:
-        for batch in pq.ParquetFile(f).iter_batches(columns=["id", "hash", "reject", "group", "time", "pin"],
-                                                    batch_size=65_536):
+        columns = ["id", "hash", "reject", "group", "time", "pin"]
+        for batch in pq.ParquetFile(f.path, filesystem=f.fs).iter_batches(columns=columns, batch_size=65_536):
             pins += check_lives(store, batch, check_times)
             ids, hashes, reject = batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()
             keep = [i is not None and i != "" for i in ids]
@@ -191,7 +198,7 @@ def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int =
     if (counts > 1).any():
         dup = set(uniq[counts > 1][:1].tolist())
         for f in files:
-            ids = pq.read_table(f, columns=["id"]).column(0).to_pylist()
+            ids = pq.read_table(f.path, columns=["id"], filesystem=f.fs).column(0).to_pylist()
             for i in ids:
                 if i and int(pd.util.hash_array(np.asarray([i], dtype=object))[0]) in dup:
                     raise StoreError(f"{store.where}: duplicate id {i!r} (column {store.fields['id']!r}); "
@@ -201,34 +208,35 @@ def export(store: Store, work: Path, io_cpus: float = 0.1, sort_in_memory: int =
                          f"{store.fields['pin']!r}; nothing was changed")
     timing["scan_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    bullets.mkdir()
     if usable and usable <= sort_in_memory:  # small enough: one driver-side sort beats a distributed one
-        table = to_bullets(pa.concat_tables([pq.read_table(f, schema=NORMAL) for f in files]), check_times)
-        pq.write_table(table.sort_by([(k, "ascending") for k in SORT_KEYS]), bullets / "part-00000.parquet")
+        table = to_bullets(pa.concat_tables([pq.read_table(f.path, schema=NORMAL, filesystem=f.fs) for f in files]),
+                           check_times)
+        pq.write_table(table.sort_by([(k, "ascending") for k in SORT_KEYS]), (bullets / "part-00000.parquet").path,
+                       filesystem=bullets.fs)
     elif usable:
-        ds = ray.data.read_parquet(str(normal), ray_remote_args={"num_cpus": io_cpus})
+        ds = ray.data.read_parquet(normal.path, filesystem=normal.fs, ray_remote_args={"num_cpus": io_cpus})
         ds = ds.map_batches(functools.partial(to_bullets, times=check_times), batch_format="pyarrow", batch_size=None,
                             num_cpus=io_cpus)
-        ds.sort(SORT_KEYS).write_parquet(str(bullets), ray_remote_args={"num_cpus": io_cpus})
+        ds.sort(SORT_KEYS).write_parquet(bullets.path, filesystem=bullets.fs, ray_remote_args={"num_cpus": io_cpus})
         _rename_in_order(bullets)
     else:
-        pq.write_table(STAGED.empty_table(), bullets / "part-00000.parquet")
+        pq.write_table(STAGED.empty_table(), (bullets / "part-00000.parquet").path, filesystem=bullets.fs)
     timing["sort_s"] = time.perf_counter() - t2
     return Export(bullets, count + without_id, usable, rejects, without_id, fingerprint(count, key), timing)
 
 
-def _rename_in_order(directory: Path) -> None:
-    """Ray writes sorted blocks under names that do not sort in block order; order files by their first key."""
-    files = [p for p in directory.glob("*.parquet")]
+def _rename_in_order(directory: Location) -> None:
+    """Ray writes sorted blocks under names that do not sort in block order; order files by their first key (renamed
+    through the filesystem: a copy and a delete on object storage)."""
     firsts = []
-    for p in files:
-        t = pq.read_table(p, columns=SORT_KEYS)
+    for p in _parquet_files(directory):
+        t = pq.read_table(p.path, columns=SORT_KEYS, filesystem=p.fs)
         if t.num_rows == 0:
-            p.unlink()
+            p.delete()
             continue
-        firsts.append((tuple(t.column(k)[0].as_py() for k in SORT_KEYS), p))
-    for i, (_, p) in enumerate(sorted(firsts)):
-        p.rename(directory / f"part-{i:05d}.parquet")
+        firsts.append((tuple(t.column(k)[0].as_py() for k in SORT_KEYS), p.name, p))
+    for i, (_, _, p) in enumerate(sorted(firsts)):
+        p.fs.move(p.path, (directory / f"part-{i:05d}.parquet").path)
 
 
 def scan_current(store: Store, group: str | None = None) -> pa.Table:

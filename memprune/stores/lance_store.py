@@ -2,6 +2,8 @@
 
 Each fragment is a partition (read by its own Ray Data task). Deletes and field updates are
 Lance transactions (each one atomic, a new dataset version); restore appends the archived rows.
+The location may be a storage URI (`lance:s3://b/mem.lance`): Lance reads it with its own client, given
+the endpoint, region and keys of the standard environment (`memprune.storage.object_store_options`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.archive import DECISION_COLUMNS
+from memprune.storage import object_store_options
 from memprune.stores.base import INTEGER, Partition, Store, chunks, register, sql_in
 from memprune.stores.config import StoreError
 
@@ -25,7 +28,7 @@ def _open(location: str) -> Any:
     except ImportError as exc:  # pragma: no cover - the stores extra installs it
         raise StoreError(f"lance:{location}: the lance store needs `pip install memprune[stores]` ({exc})") from None
     try:
-        return lance.dataset(location)
+        return lance.dataset(location, storage_options=object_store_options(location) or None)
     except Exception as exc:  # lance raises ValueError/OSError/its own errors for a missing or broken dataset
         raise StoreError(f"lance:{location}: cannot open as a Lance dataset: {str(exc).splitlines()[0]}") from None
 
@@ -106,6 +109,7 @@ class LanceStore(Store):
         for f in schema:
             if f.name not in rows.column_names:
                 rows = rows.append_column(f.name, pa.nulls(rows.num_rows, f.type))
-        lance.write_dataset(rows.select(schema.names).cast(schema), self.location, mode="append")
+        lance.write_dataset(rows.select(schema.names).cast(schema), self.location, mode="append",
+                            storage_options=object_store_options(self.location) or None)
         self.ds = _open(self.location)
         return rows.num_rows

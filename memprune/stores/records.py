@@ -17,7 +17,6 @@ import io
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 ENCODING, ERRORS = "utf-8", "surrogateescape"
@@ -65,10 +64,6 @@ def _eol(text: str) -> str:
     return "\r\n" if text.endswith("\r\n") else "\r" if text.endswith("\r") else "\n"
 
 
-def read_text(path: Path) -> str:
-    return path.read_bytes().decode(ENCODING, ERRORS)
-
-
 def encode(text: str) -> bytes:
     return text.encode(ENCODING, ERRORS)
 
@@ -81,9 +76,9 @@ def id_text(value: Any) -> str | None:
     return text or None
 
 
-def parse(path: Path, fmt: str, id_column: str) -> RecordFile:
-    """Parse a CSV or JSONL file of the table store into record chunks keyed by `id_column`."""
-    text = read_text(path)
+def parse(data: bytes, fmt: str, id_column: str) -> RecordFile:
+    """Parse a CSV or JSONL file's bytes (of the table store) into record chunks keyed by `id_column`."""
+    text = data.decode(ENCODING, ERRORS)
     return parse_csv(text, id_column) if fmt == "csv" else parse_jsonl(text, id_column)
 
 

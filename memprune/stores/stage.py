@@ -2,17 +2,18 @@
 
 `run_prune(cfg)` reads the store (`export`), runs memprune's own prune job (`memprune.prune`) on
 it with the groups the store defines, writes the decision (`OUT/decision.parquet`: id, group,
-time, text, hash, score, keep, reason), `OUT/prune.json` + `prune.md` and `OUT/rejects.jsonl`, and
-with `store.apply` changes the store (`memprune.stores.apply`). An `--apply` on an OUT that already
-holds a decision for the same store, scorer and rule applies that decision (after the changed-store
-check) instead of deciding again: dry run first, look, then apply.
+time, text, hash, score, keep, reason), `OUT/prune.json` + `prune.md` and `OUT/rejects.jsonl` (with
+`--emit split` also `OUT/kept/` and the `OUT/dropped/` archive, as a bullets prune does), and
+with `store.apply` changes the store (`memprune.stores.apply`). OUT may be a directory or a URI: the
+work files then live under `OUT/.work/` on the bucket and the outputs are committed there
+(`OutputSet`). An `--apply` on an OUT that already holds a decision for the same store, scorer and
+rule applies that decision (after the changed-store check) instead of deciding again: dry run first, look, then apply.
 `run_score(cfg)` adds scores to a store without deciding anything.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -22,14 +23,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memprune.io import OutputSet, check_committed, check_out, check_out_outside, write_jsonl, write_summary
+from memprune.io import OutputSet, check_committed, check_out_location, check_out_outside, write_jsonl, write_summary
 from memprune import prune
 from memprune.prune.report import render_markdown
+from memprune.prune.split import write_split
+from memprune.prune.store import read_parquet
 from memprune.runtime import ensure_ray
+from memprune.storage import Location, canonical
 from memprune.stores.apply import apply_decision
 from memprune.stores.base import Store, chunks, open_store, split_input
 from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, StorePruneConfig
-from memprune.stores.export import HASH, PIN, TIME, Export, export
+from memprune.stores.export import HASH, PIN, STAGED, TIME, Export, export
 from memprune.stores.report import render_score, store_section
 
 WORK = ".work"
@@ -55,7 +59,7 @@ def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | 
     old = summary.get("store", {})
     if {k: old.get(k) for k in SAME_STORE} != {k: store.describe()[k] for k in SAME_STORE}:
         return f"it was made for store {old.get('kind')}:{old.get('location')} with map {old.get('map')}"
-    if summary.get("scorer", {}).get("path") != str(Path(config.scorer).resolve()):
+    if summary.get("scorer", {}).get("path") != canonical(config.scorer):
         return f"it was made with scorer {summary.get('scorer', {}).get('path')}"
     rule, want = summary.get("rule", {}), job_rule(config, store)
     changed = sorted(k for k in want if rule.get(k) != want[k])
@@ -66,7 +70,7 @@ def _same_decision(summary: dict[str, Any], config: Any, store: Store) -> str | 
     return None
 
 
-def _check_request(config: Any, out: Path) -> None:
+def _check_request(config: Any, out: Location) -> None:
     """`--apply` changes a user's store: only with a policy the user named, and a decision they could read first."""
     if config.rule.group_by != "conversation" and "group_by" in config.rule.model_fields_set:
         raise StoreError(f"rule.group_by {config.rule.group_by}: an external store's groups are its `--map group=` "
@@ -97,7 +101,7 @@ def run(config: StorePruneConfig) -> dict[str, Any]:
 
 def run_prune(config: StorePruneConfig) -> dict[str, Any]:
     """Decide on the store of `config.input` and write the decision; or apply the decision in OUT."""
-    out = check_out(config.out, "prune")
+    out = check_out_location(config.out, "prune")
     store = _open(config.input, config.store)
     try:
         check_out_outside(out, store.location, f"{store.kind} store")
@@ -106,7 +110,7 @@ def run_prune(config: StorePruneConfig) -> dict[str, Any]:
             return _decide(store, config, out)
         decision = out / "decision.parquet"
         check_committed(decision)
-        summary = json.loads((out / "prune.json").read_text(encoding="utf-8"))
+        summary = json.loads((out / "prune.json").read_text())
         why = _same_decision(summary, config, store)
         if why is not None:
             raise StoreError(f"{out}: holds another decision ({why}); use a new --out; nothing was changed")
@@ -116,7 +120,7 @@ def run_prune(config: StorePruneConfig) -> dict[str, Any]:
         store.close()
 
 
-def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Path,
+def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Location,
          **fields: Any) -> tuple[Export, dict[str, Any], pa.Table]:
     """Export the store and run the prune stage on it (its config from `config.bullets_config`, with `fields`);
     (export, the stage's summary, its output table)."""
@@ -127,12 +131,12 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Path,
     exp = export(store, work / "export", config.io_cpus,
                  check_times=rule is not None and (rule.retention.on or rule.supersede.on))
     job = prune.run(config.bullets_config(input=str(exp.bullets), out=str(work / "prune"), **fields))
-    return exp, job, prune.read_pruned(work / "prune")
+    return exp, job, prune.read_pruned(str(work / "prune"))
 
 
-def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
+def _decide(store: Store, config: Any, out: Location) -> dict[str, Any]:
     started = time.perf_counter()
-    exp, job, pruned = _job(store, config, out, rule=job_rule(config, store))
+    exp, job, pruned = _job(store, config, out, rule=job_rule(config, store), emit="keep")
     if job.get("lifecycle") and "pin" in store.fields:  # prune.md/json name the store's pin column, not the staged one
         job = {**job, "lifecycle": {**job["lifecycle"], "pin_field": f"{store.fields['pin']} (store)"}}
     cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
@@ -165,7 +169,14 @@ def _decide(store: Store, config: Any, out: Path) -> dict[str, Any]:
     with OutputSet(out, "prune") as outputs:
         pq.write_table(decision, outputs.path("decision.parquet"))
         write_jsonl(outputs.path("rejects.jsonl"), exp.rejects)
-        shown = {**job, "output": {**job["output"], "store": str(out / "decision.parquet")}}
+        if config.emit == "split":  # kept/ and the dropped/ archive of the exported records, into OUT
+            input_ids = pa.concat_tables([read_parquet(exp.bullets / n, columns=["bullet_id"])
+                                          for n in sorted(exp.bullets.files())]).column(0)
+            summary["emitted"] = write_split(pruned, input_ids, STAGED.names, outputs.staging, outputs.loc,
+                                             job["fingerprint"], {"input": config.input,
+                                                                  "decision": summary["output"]["decision"]})
+        shown = {**job, "emitted": summary["emitted"],
+                 "output": {**job["output"], "store": str(out / "decision.parquet")}}
         write_summary(outputs.staging, "prune", summary, render_markdown(shown) + store_section(summary))
     _clean(out)
     return summary
@@ -182,11 +193,12 @@ def group_counts(pruned: pa.Table, show: int = 20) -> dict[str, Any]:
             "most_dropped": rows[:show]}
 
 
-def _clean(out: Path) -> None:
+def _clean(out: Location) -> None:
     """Remove the run's work files (the export and the job's store) once its outputs are committed."""
-    shutil.rmtree(out / WORK / "store", ignore_errors=True)
-    if (out / WORK).is_dir() and not any((out / WORK).iterdir()):
-        (out / WORK).rmdir()
+    (out / WORK / "store").delete()
+    work = Path(out.path) / WORK
+    if out.local and work.is_dir() and not any(work.iterdir()):
+        work.rmdir()
 
 
 def calibrated_scores(scorer_path: str, scores: np.ndarray) -> np.ndarray | None:
@@ -203,7 +215,7 @@ def calibrated_scores(scorer_path: str, scores: np.ndarray) -> np.ndarray | None
 def run_score(config: ScoreConfig) -> dict[str, Any]:
     """Score every record of a store (no decision) and write the scores into the store and OUT/scores.parquet."""
     started = time.perf_counter()
-    out = check_out(config.out, "score")
+    out = check_out_location(config.out, "score")
     store = _open(config.input, config.store)
     try:
         check_out_outside(out, store.location, f"{store.kind} store")

@@ -1,10 +1,13 @@
 """The `table` store: Parquet, JSONL or CSV files (or a directory of them) with a column mapping.
 
+The location is a local path or a storage URI (`s3://b/mem.csv`, `s3://b/mem/`; `memprune.storage`): each
+file is read where it lives through its filesystem (a Ray Data read task per file), never copied first.
 Each file is a partition. A write changes only the records it names and nothing else: CSV and
 JSONL files are edited record by record in their own text (`memprune.stores.records`: no type
 inference, no re-serialisation), Parquet files are filtered with their own schema and codec. Every
-rewrite is atomic (temp file + rename) and keeps the file's mode and owner, so a crash leaves each
-file either old or new and a rerun finishes the rest. Archived records keep the file they came from
+rewrite is atomic: on a local disk temp file + rename, keeping the file's mode and owner; on object
+storage one PUT of the whole new object (only the files that change), with the same bytes. A crash
+leaves each file either old or new and a rerun finishes the rest. Archived records keep the file they came from
 (`memprune_file`), their position in it (`memprune_position`) and, for CSV and JSONL, their exact
 text (`memprune_raw`), so `restore` puts each one back where it was, byte for byte.
 """
@@ -22,8 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprune.archive import DECISION_COLUMNS
+from memprune import storage
 from memprune.io import atomic_path
-from memprune.storage import is_uri
+from memprune.storage import Location
 from memprune.stores import records as rec
 from memprune.stores.base import INTEGER, STRINGS, Partition, Store, register
 from memprune.stores.config import StoreError
@@ -34,35 +38,40 @@ LOCATOR = (FILE, POSITION, RAW)
 BATCH = 65_536
 
 
-def _format(path: Path) -> str:
-    fmt = FORMATS.get(path.suffix.lower())
+def _format(path: Location) -> str:
+    suffix = Path(path.name).suffix
+    fmt = FORMATS.get(suffix.lower())
     if fmt is None:
-        raise StoreError(f"{path}: not a Parquet, JSONL or CSV file (suffix {path.suffix or 'none'})")
+        raise StoreError(f"{path}: not a Parquet, JSONL or CSV file (suffix {suffix or 'none'})")
     return fmt
 
 
-def _parse(path: Path, id_column: str) -> rec.RecordFile:
+def _parse(path: Location, id_column: str) -> rec.RecordFile:
     """A CSV or JSONL file as record chunks; a record that cannot be parsed is one error naming the file."""
     try:
-        return rec.parse(path, _format(path), id_column)
+        return rec.parse(Path(path.path).read_bytes() if path.local else path.read_bytes(), _format(path), id_column)
     except rec.RecordError as exc:
         raise StoreError(f"{path}: {exc}") from None
     except OSError as exc:
         raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def _parquet(path: Path) -> pa.Table:
+def _parquet(path: Location) -> pa.Table:
     try:
-        return pq.read_table(path)
+        return pq.read_table(path.path, filesystem=path.fs)
     except (pa.ArrowInvalid, OSError) as exc:
         raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
 
-def _columns(path: Path, id_column: str) -> list[str]:
+def _parquet_file(path: Location) -> pq.ParquetFile:
+    return pq.ParquetFile(path.path, filesystem=path.fs)
+
+
+def _columns(path: Location, id_column: str) -> list[str]:
     """The column names of a file (Parquet: its footer; CSV: its header; JSONL: every key of its records)."""
     if _format(path) == "parquet":
         try:
-            return pq.ParquetFile(path).schema_arrow.names
+            return _parquet_file(path).schema_arrow.names
         except (pa.ArrowInvalid, OSError) as exc:
             raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
     return _parse(path, id_column).columns
@@ -78,7 +87,7 @@ def _text_value(value: Any, where: str, column: str, field: str) -> str | None:
                      "expected a string")
 
 
-def _text_batches(path: Path, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
+def _text_batches(path: Location, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
     """The mapped columns of a CSV or JSONL file as string batches (what `normalize` reads)."""
     rf = _parse(path, fields["id"])
     # A JSONL file without records names no keys: its (no) records have every mapped column.
@@ -96,18 +105,18 @@ def _text_batches(path: Path, fields: dict[str, str]) -> Iterator[pa.RecordBatch
         yield pa.RecordBatch.from_pydict({k: pa.array(v, pa.string()) for k, v in cols.items()})
 
 
-def _batches(path: Path, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
+def _batches(path: Location, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
     """Stream a file's records (Parquet in batches with its own types; CSV and JSONL as text)."""
     if _format(path) != "parquet":
         yield from _text_batches(path, fields)
         return
     try:
-        yield from pq.ParquetFile(path).iter_batches(batch_size=BATCH)
+        yield from _parquet_file(path).iter_batches(batch_size=BATCH)
     except (pa.ArrowInvalid, OSError) as exc:
         raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
 
-def _group_batches(path: Path, fields: dict[str, str], group: str) -> Iterator[pa.RecordBatch]:
+def _group_batches(path: Location, fields: dict[str, str], group: str) -> Iterator[pa.RecordBatch]:
     """The records of one group: a Parquet file filtered by the reader (row groups whose statistics exclude it are
     skipped) where its group column is text or integers; a CSV or JSONL file read whole (filtered after)."""
     if _format(path) != "parquet":
@@ -116,7 +125,7 @@ def _group_batches(path: Path, fields: dict[str, str], group: str) -> Iterator[p
     import pyarrow.dataset as pads
 
     try:
-        data = pads.dataset(path, format="parquet")
+        data = pads.dataset(path.path, format="parquet", filesystem=path.fs)
         column = fields["group"]
         kind = data.schema.field(column).type
         if pa.types.is_integer(kind):
@@ -133,21 +142,58 @@ def _group_batches(path: Path, fields: dict[str, str], group: str) -> Iterator[p
         raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
 
-def _write_text(path: Path, rf: rec.RecordFile) -> None:
-    with atomic_path(path, keep_mode=True) as tmp:
-        tmp.write_bytes(rec.encode(rf.render()))
+def _replace(path: Location, data: bytes) -> None:
+    """Replace a file of the store with `data` whole: temp file + rename keeping its mode and owner on a local disk,
+    one PUT of the new object on object storage."""
+    if not path.local:
+        path.write_bytes(data)
+        return
+    with atomic_path(path.path, keep_mode=True) as tmp:
+        tmp.write_bytes(data)
 
 
-def _write_parquet(path: Path, table: pa.Table) -> None:
+def _write_text(path: Location, rf: rec.RecordFile) -> None:
+    _replace(path, rec.encode(rf.render()))
+
+
+def _write_parquet(path: Location, table: pa.Table) -> None:
     """Replace a Parquet file of the store with `table` (its schema), in the file's own compression codec."""
     codec = "snappy"
     if path.exists():
-        meta = pq.ParquetFile(path).metadata
+        meta = _parquet_file(path).metadata
         if meta.num_row_groups and meta.num_columns:
             codec = {"UNCOMPRESSED": "none", "LZ4_RAW": "lz4"}.get(meta.row_group(0).column(0).compression,
                                                                   meta.row_group(0).column(0).compression.lower())
-    with atomic_path(path, keep_mode=True) as tmp:
-        pq.write_table(table, tmp, compression=codec)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer, compression=codec)
+    _replace(path, buffer.getvalue().to_pybytes())
+
+
+def _files(where: Location) -> list[Location]:
+    """The store's files: the file itself, or the Parquet/JSONL/CSV files below a directory (names starting with `.`
+    or `_` skipped), in path order; a missing bucket, object or directory is one line."""
+    missing = StoreError(f"table:{where}: no such file or directory")
+    if where.local:  # spelled as before: the archive records each record's file
+        root = Path(where.uri.removeprefix("file://"))
+        if root.is_file():
+            return [storage.location(str(root))]
+        if not root.is_dir():
+            raise missing
+        names = sorted(f.relative_to(root) for f in root.rglob("*") if f.is_file())
+        at = lambda n: storage.location(str(root / n))  # noqa: E731
+    else:
+        where.check_reachable()
+        if where.is_file():
+            return [where]
+        names = [Path(n) for n in sorted(where.files())]
+        if not names:
+            raise missing
+        at = lambda n: where / str(n)  # noqa: E731
+    files = [at(n) for n in names
+             if n.suffix.lower() in FORMATS and not any(part.startswith((".", "_")) for part in n.parts)]
+    if not files:
+        raise StoreError(f"{where}: no Parquet, JSONL or CSV files in this directory")
+    return files
 
 
 def _complement(n: int, absent: set[int]) -> np.ndarray:
@@ -163,19 +209,7 @@ class TableStore(Store):
 
     def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
         super().__init__(location, mapping)
-        if is_uri(location):
-            raise StoreError(f"table:{location}: a table store on object storage is not supported yet; copy it to a "
-                             "local or shared path (a bullets Parquet store may be a URI: --input s3://...)")
-        p = Path(location)
-        if p.is_file():
-            self.files = [p]
-        elif p.is_dir():
-            self.files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in FORMATS
-                                and not any(part.startswith((".", "_")) for part in f.relative_to(p).parts))
-            if not self.files:
-                raise StoreError(f"{p}: no Parquet, JSONL or CSV files in this directory")
-        else:
-            raise StoreError(f"table:{location}: no such file or directory")
+        self.files = _files(storage.location(location, "table store"))
         for f in self.files:  # mapped columns checked up front, before any Ray task starts
             names = _columns(f, self.fields["id"])
             if not names and _format(f) == "jsonl":
@@ -192,7 +226,7 @@ class TableStore(Store):
         fields = self.fields
         return [(lambda f=f: _group_batches(f, fields, group)) for f in self.files]
 
-    def _parquet_ids(self, table: pa.Table, path: Path) -> pa.Array:
+    def _parquet_ids(self, table: pa.Table, path: Location) -> pa.Array:
         name = self.fields["id"]
         if name not in table.column_names:
             raise StoreError(f"{path}: column {name!r} (mapped to id) missing")
@@ -218,7 +252,7 @@ class TableStore(Store):
                                 POSITION: pa.array([p for p, _ in hits], pa.int64()),
                                 RAW: pa.array([c.text for _, c in hits], pa.string())})
             if got.num_rows:
-                parts.append(got.append_column(FILE, pa.array([str(path)] * got.num_rows, pa.string())))
+                parts.append(got.append_column(FILE, pa.array([path.uri] * got.num_rows, pa.string())))
         if not parts:
             return pa.table({self.fields["id"]: pa.array([], pa.string()), FILE: pa.array([], pa.string())})
         try:
@@ -260,7 +294,7 @@ class TableStore(Store):
                 n += len(mine)
         return n
 
-    def _set_parquet(self, path: Path, values: pa.Table) -> int:
+    def _set_parquet(self, path: Location, values: pa.Table) -> int:
         table = _parquet(path)
         pos = pc.index_in(self._parquet_ids(table, path), value_set=values.column("id").cast(pa.string()))
         hits = pc.sum(pc.is_valid(pos)).as_py() or 0
@@ -283,7 +317,7 @@ class TableStore(Store):
         archived = records if archived is None else archived
         n = 0
         for file in sorted(set(records.column(FILE).to_pylist())):
-            path = Path(file)
+            path = storage.location(file, "archived record's file")
             rows = records.filter(pc.equal(records.column(FILE), file))
             of_file = archived.filter(pc.equal(archived.column(FILE), file)) if FILE in archived.column_names else rows
             if _format(path) == "parquet":
@@ -298,7 +332,7 @@ class TableStore(Store):
         ids = archived.column(self.fields["id"]).cast(pa.string()).to_pylist()
         return {p for i, p in zip(ids, archived.column(POSITION).to_pylist()) if i not in present}
 
-    def _insert_text(self, path: Path, rows: pa.Table, archived: pa.Table) -> None:
+    def _insert_text(self, path: Location, rows: pa.Table, archived: pa.Table) -> None:
         idcol = self.fields["id"]
         fmt = _format(path)
         columns = [c for c in rows.column_names if c not in (*DECISION_COLUMNS, *LOCATOR)]
@@ -316,7 +350,7 @@ class TableStore(Store):
         restored = list(zip(rows.column(POSITION).to_pylist(), ids, rows.column(RAW).to_pylist()))
         _write_text(path, rec.put_back(rf, restored, self._absent(present, archived)))
 
-    def _insert_parquet(self, path: Path, rows: pa.Table, archived: pa.Table) -> None:
+    def _insert_parquet(self, path: Location, rows: pa.Table, archived: pa.Table) -> None:
         rows = rows.drop_columns([c for c in (*DECISION_COLUMNS, *LOCATOR) if c in rows.column_names and c != POSITION])
         if not path.exists():
             _write_parquet(path, rows.drop_columns([c for c in (POSITION,) if c in rows.column_names]))
