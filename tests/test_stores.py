@@ -421,7 +421,7 @@ def test_csv_store_apply_and_restore_keep_every_byte(ray_local, scorer_dir, tmp_
     args = ["prune", "--input", f"table:{store}", "--map", "group=user,time=created,pin=pinned", "--scorer", str(scorer_dir),
             "--out", str(tmp_path / "o"), "--threshold", "0", "--top-k", "1", "--no-dedup", *life, "--set", "progress=false",
             "--set", "actors=1"]
-    res = _cli(*args)
+    res = _cli(*args, "--dry-run")  # a store prune's dry run writes the decision that --apply then applies
     assert res.exit_code == 0, res.output
     assert store.read_bytes() == original
     decision = pq.read_table(tmp_path / "o" / "decision.parquet").sort_by("id")

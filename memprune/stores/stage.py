@@ -136,7 +136,9 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Location,
 
 def _decide(store: Store, config: Any, out: Location) -> dict[str, Any]:
     started = time.perf_counter()
-    exp, job, pruned = _job(store, config, out, rule=job_rule(config, store), emit="keep")
+    # The inner job writes its table even for --dry-run: that table is the decision, and a store prune without
+    # --apply changes nothing anyway.
+    exp, job, pruned = _job(store, config, out, rule=job_rule(config, store), emit="keep", dry_run=False)
     if job.get("lifecycle") and "pin" in store.fields:  # prune.md/json name the store's pin column, not the staged one
         job = {**job, "lifecycle": {**job["lifecycle"], "pin_field": f"{store.fields['pin']} (store)"}}
     cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
