@@ -14,6 +14,8 @@ marks bullets `superseded`.
 - newest kept: per updated slot, under a token budget per session, the slot's kept bullets all state its newest
   value and one is kept, with supersession vs the same decision without it; unconditionally (over all updated
   slots) and conditional on the decision keeping the slot at all (any of its bullets)
+- misses: the stale bullets the decision with supersession still keeps, by where they were lost (no true pair
+  in the band, the judge said no, the judge said yes) and whether another old mention of the slot was superseded
 
 `--judge llm --llm CONFIG` measures the `llm` update judge instead (an LLM config YAML, configs/llm/; a GPU
 engine for a corpus of useful size): the same tables, plus the pairs without a verdict (answers that never
