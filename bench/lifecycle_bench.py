@@ -14,6 +14,8 @@ marks bullets `superseded`.
 - newest kept: per updated slot, under a token budget per session, the slot's kept bullets all state its newest
   value and one is kept, with supersession vs the same decision without it; unconditionally (over all updated
   slots) and conditional on the decision keeping the slot at all (any of its bullets)
+- misses: the stale bullets the decision with supersession still keeps, by where they were lost (no true pair
+  in the band, the judge said no, the judge said yes) and whether another old mention of the slot was superseded
 
 `--judge llm --llm CONFIG` measures the `llm` update judge instead (an LLM config YAML, configs/llm/; a GPU
 engine for a corpus of useful size): the same tables, plus the pairs without a verdict (answers that never
@@ -175,6 +177,19 @@ def newest_kept(keep: np.ndarray, truth: dict[str, Any]) -> dict[str, float]:
             "newest_kept_if_slot_kept": float(ok[kept].mean()) if kept.any() else 1.0}
 
 
+def misses(d: Any, truth: dict[str, Any], paired: np.ndarray, judged: np.ndarray) -> dict[str, int]:
+    """Where the misses of newest kept (with supersession) come from: stale bullets kept, by whether a true pair
+    (a later bullet of the slot's new value) was in the band, whether the judge accepted one (then the step or the
+    policy lost it), and whether another old mention of the slot was superseded (a restatement left behind)."""
+    kept = truth["stale"] & d.keep
+    in_band, said = np.zeros(len(kept), bool), np.zeros(len(kept), bool)
+    in_band[paired], said[judged] = True, True
+    gone = {truth["slot"][i] for i in np.flatnonzero(truth["stale"] & (d.superseded_by >= 0))}
+    return {"stale_kept": int(kept.sum()), "no_true_pair_in_band": int((kept & ~in_band).sum()),
+            "judge_said_no": int((kept & in_band & ~said).sum()), "judge_said_yes": int((kept & said).sum()),
+            "another_old_mention_superseded": sum(truth["slot"][i] in gone for i in np.flatnonzero(kept))}
+
+
 def candidate_counts(a: np.ndarray, b: np.ndarray, c: np.ndarray, y: np.ndarray, truth: dict[str, Any],
                      band: tuple[float, float]) -> dict[str, Any]:
     """Where recall is lost before the judge: stale bullets with a true partner (a later bullet of the slot's new
@@ -220,7 +235,10 @@ def run_seed(seed: int, args: argparse.Namespace, scorer: Any, high: float) -> d
     for name, on in (("with", True), ("without", False)):
         p = MemoryPruner(scorer, supersede=judge if on else {}, budget_tokens=args.budget,
                          tokenizer="whitespace")
-        out["newest_kept"][name] = newest_kept(p.decisions(rows, groups)[1].keep, truth)
+        d = p.decisions(rows, groups)[1]
+        out["newest_kept"][name] = newest_kept(d.keep, truth)
+        if on:
+            out["newest_kept"]["misses"] = misses(d, truth, a[y], a[y & verdict])
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 
@@ -242,6 +260,8 @@ def markdown(r: dict[str, Any], high: float) -> str:
               "newest kept, slot kept |", "|---|---|---|---|"]
     lines += [f"| {name} supersession | {nk[name]['slot_kept']:.3f} | {nk[name]['newest_kept']:.3f} | "
               f"{nk[name]['newest_kept_if_slot_kept']:.3f} |" for name in ("with", "without")]
+    lines += ["", "misses with supersession (stale bullets kept): " + ", ".join(
+        f"{k.replace('_', ' ')} {v}" for k, v in nk["misses"].items())]
     return "\n".join(lines) + "\n"
 
 
