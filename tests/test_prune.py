@@ -195,8 +195,8 @@ def test_prune_json_says_where_the_time_went(streamed):
     out, summary = streamed
     t = summary["timing"]
     parts = t["parts"]
-    assert list(parts) == ["checks_s", "ray_init_s", "plan_s", "actor_start_s", "compute_s", "stall_s", "drain_s",
-                           "finish_s", "other_s"]
+    assert set(parts) == {"checks_s", "ray_init_s", "plan_s", "actor_start_s", "compute_s", "stall_s", "drain_s",
+                          "finish_s", "other_s"}
     assert sum(parts.values()) == pytest.approx(t["wall_s"], abs=0.01)
     assert min(parts.values()) >= -0.01 and parts["compute_s"] == t["compute_s"] > 0
     assert parts["actor_start_s"] > 0 and parts["actor_start_s"] + parts["compute_s"] <= t["pipeline_s"] + 0.01
@@ -204,7 +204,8 @@ def test_prune_json_says_where_the_time_went(streamed):
     actors = t["actors"]
     assert len(actors) == summary["resources"]["actors"] == t["work"]["actors_started"]
     assert sum(a["blocks"] for a in actors) == summary["grouping"]["blocks"]
-    assert all(0 < a["load_s"] <= a["ready_s"] and a["busy_s"] <= t["compute_s"] + 0.01 for a in actors)
+    assert all(0 <= a["created_s"] < a["ready_s"] and a["load_s"] == pytest.approx(a["ready_s"] - a["created_s"], abs=0.01)
+               and a["busy_s"] <= t["compute_s"] + 0.01 for a in actors)
     assert 0 < t["work"]["tokenize_s"] < t["work"]["score_s"]
     assert "Time: checks " in (out / "prune.md").read_text()
 

@@ -112,13 +112,13 @@ class _Tally:
         self.blocks = 0
         self.times: dict[str, float] = {}
         self.spans: dict[str, list[tuple[float, float]]] = {}  # per scoring actor (or "decide": the shuffle's tasks)
-        self.actors: dict[str, tuple[float, float]] = {}  # scoring actor -> (setup started, model loaded)
+        self.actors: dict[str, tuple[float, float]] = {}  # scoring actor -> (created, model loaded)
         self.precisions: set[str] = set()
         self.nodes: set[str] = set()
 
     def add_actor(self, precision: str, node: str, actor: str, loading: tuple[float, float]) -> None:
         """A scoring actor started: the precision its scorer runs at (resolved on its device), its Ray node, and
-        when its setup started and ended (wall-clock stamps)."""
+        when it was created and when its model was loaded (wall-clock stamps)."""
         self.precisions.add(precision)
         self.nodes.add(node)
         self.actors[actor] = loading
@@ -183,14 +183,13 @@ class ScoreActor(EncoderActor):
 
         from memprune.scorer import Scorer
 
-        started = now()
         self.s = settings
         self.scorer = Scorer.load(settings.scorer_path, device=device, precision=settings.precision)
         self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
         context = ray.get_runtime_context()
         self.name = context.get_actor_id()
         ray.get(settings.tally.add_actor.remote(self.scorer.precision, context.get_node_id(), self.name,
-                                                (started, now())))
+                                                (self.created, now())))
 
     def __call__(self, block: pa.Table) -> pa.Table:
         import ray
@@ -313,12 +312,13 @@ def pipeline_timing(start: float, end: float, stats: dict[str, Any]) -> dict[str
     until the first block is scored, compute (`stats["compute_s"]`: scoring, token counting and the rule, parallel
     actors counted once), stalls (no actor computing between blocks: scheduling, block transfer) and the drain
     after the last block (the last writes); plus what the compute lost to actors idling beside a busy one, and
-    per actor when its model was ready, its load time, blocks and busy seconds."""
+    per actor (from the pipeline start) when it was created and when its model was ready, its load time (imports
+    and weights), blocks and busy seconds."""
     spans = stats.pop("spans")
     loading = stats.pop("actor_loading")
     window = window_split(start, end, [span for worker in spans.values() for span in worker])
     stats["compute_s"] = window["compute_s"]
-    actors = [{"ready_s": round(ready - start, 3), "load_s": round(ready - began, 3),
+    actors = [{"created_s": round(began - start, 3), "ready_s": round(ready - start, 3), "load_s": round(ready - began, 3),
                "blocks": len(spans.get(name, ())), "busy_s": round(busy_seconds(spans.get(name, ())), 3)}
               for name, (began, ready) in sorted(loading.items(), key=lambda item: item[1])]
     return {"pipeline_s": end - start, "actor_start_s": window["startup_s"], "stall_s": window["stall_s"],

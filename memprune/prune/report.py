@@ -84,7 +84,7 @@ def parts_line(t: dict[str, Any]) -> list[str]:
     """Where the wall time went (prune.json `timing.parts`), in the job's order, and the compute lost to idle actors."""
     if not t.get("parts"):
         return []
-    parts = ", ".join(f"{PART_NAMES.get(k, k)} {v:.1f} s" for k, v in t["parts"].items())
+    parts = ", ".join(f"{name} {t['parts'][k]:.1f} s" for k, name in PART_NAMES.items() if k in t["parts"])
     return ["", f"Time: {parts}; of the compute, {t.get('underused_s', 0):.1f} s with an actor idle beside a busy one."]
 
 
