@@ -217,7 +217,8 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
         "full_store_scan_s": round(full_scan.scan_s, 3) if full_scan else t["scan_s"],
         "peak_tree_pss_mib": round(peak / 2**20, 1), "memory_samples": mem.samples,
         "cpu_s": round(cpu_s, 1), "cpu_ms_per_bullet": round(1000 * cpu_s / summary["input"]["rows"], 3),
-        "work": t.get("work", {}),
+        "work": t.get("work", {}), "parts": t.get("parts", {}), "underused_s": t.get("underused_s"),
+        "actor_timing": t.get("actors", []),
         "driver_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "kept_per_session": round(summary["result"]["bullets_after"], 3),
         "dedup": a.get("dedup", True), "duplicates": summary["duplicates"],
@@ -260,9 +261,10 @@ def child_raw(a: dict[str, Any]) -> dict[str, Any]:
             out[f"{name}_{threads}t_cpu_ms_per_bullet"] = round(1000 * (time.process_time() - cpu) / len(texts), 3)
     out["threads_all"] = os.cpu_count() or 1
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    scorer.to(device)
     for precision in a["precisions"]:
-        scorer.precision = precision
+        if device == "cpu" and precision == "fp32":
+            continue  # measured above (sorted, all threads)
+        scorer = Scorer.load(a["scorer"], device=device, precision=precision)
         score_texts(scorer, texts[:bs], bs)  # warm-up
         t = time.perf_counter()
         for i in range(0, len(texts), block):
@@ -411,6 +413,13 @@ def main() -> None:
               f"actor compute {1000 * per[True]:.3f} vs {1000 * per[False]:.3f} ms/bullet "
               f"({100 * (per[True] / per[False] - 1):+.1f}%), of which deciding {1000 * dec[True]:.4f} vs "
               f"{1000 * dec[False]:.4f} ms/bullet; {runs[True][0]['duplicates']} duplicates merged")
+    for r in rows_out:  # where the job's wall time went (prune.json timing.parts)
+        if r.get("parts"):
+            print(f"time ({r['encoder']}, {r['precision']}, {r['job_rows']} rows): "
+                  + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in r["parts"].items())
+                  + f"; compute lost to idle actors {r['underused_s']:.1f} s; actors (ready s, load s, blocks, busy s): "
+                  + "; ".join(f"{x['ready_s']:.1f}, {x['load_s']:.1f}, {x['blocks']}, {x['busy_s']:.1f}"
+                              for x in r["actor_timing"]))
     for enc, r in inproc.items():
         print(f"MemoryPruner.prune, one session of {r['bullets']} bullets ({enc}): median {r['median_ms']} ms, "
               f"p90 {r['p90_ms']} ms")

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from memprune.errors import MemPruneError
+from memprune.timing import now
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 MINILM_ALIASES = frozenset({DEFAULT_ENCODER, "all-MiniLM-L6-v2", "default", "minilm"})
@@ -168,6 +169,7 @@ class EncoderActor:
     REQUIRED_COLUMNS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: Any, device: str, threads: int) -> None:
+        self.created = now()  # before the imports and the model load (the prune job reports its actors' start-up)
         import torch
 
         torch.set_num_threads(max(1, threads))

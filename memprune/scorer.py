@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -199,6 +200,7 @@ class Scorer(nn.Module):
         self._precision: Resolved = "fp32"  # of the encoder's passes, set by `build`/`load`: see memprune.precision
         self.calibration: Calibration | None = None  # raw score -> P(relevant), from calibration.json
         self.source: Path | None = None  # the artifact directory it was loaded from
+        self.tokenize_s = 0.0  # seconds spent in `tokenize` (the prune job reports it apart from the forward passes)
 
     # ------------------------------------------------------------- construction
 
@@ -262,11 +264,13 @@ class Scorer(nn.Module):
 
     def tokenize(self, texts: Sequence[str], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
         """Tokenize a batch (prefix, truncation to `max_length`, padding to the longest)."""
+        started = time.perf_counter()
         prefixed = [self.config.text_prefix + t for t in texts]
         enc = self.tokenizer(
             prefixed, padding=True, truncation=True, max_length=self.config.max_length, return_tensors="pt"
         )
         keep = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        self.tokenize_s += time.perf_counter() - started
         return {k: v.to(device) for k, v in keep.items()} if device is not None else keep
 
     def embed_tokens(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:

@@ -40,3 +40,24 @@ def time_split(wall_s: float, compute_s: float, **parts: Any) -> dict[str, Any]:
         "overhead_share": round(overhead / wall_s, 3) if wall_s > 0 else None,
         **parts,
     }
+
+
+def window_split(start: float, end: float, spans: Iterable[tuple[float, float]]) -> dict[str, float]:
+    """Cut the window [start, end] by the workers' compute intervals (all clipped to it): `startup_s` before the
+    first interval, `compute_s` (their union), `stall_s` (gaps between them: no worker computing) and `drain_s`
+    after the last. The four add up to `end - start`."""
+    clipped = [(max(a, start), min(b, end)) for a, b in spans if b > start and a < end]
+    if not clipped:
+        return {"startup_s": end - start, "compute_s": 0.0, "stall_s": 0.0, "drain_s": 0.0}
+    first, last = min(a for a, _ in clipped), max(b for _, b in clipped)
+    busy = busy_seconds(clipped)
+    return {"startup_s": first - start, "compute_s": busy, "stall_s": (last - first) - busy, "drain_s": end - last}
+
+
+def underused_seconds(spans_by_worker: list[list[tuple[float, float]]]) -> float:
+    """Of the compute time (the union of all workers' intervals), the seconds lost to workers idling beside a busy
+    one (start-up skew, the last blocks): the union minus the mean of each worker's own busy time."""
+    if not spans_by_worker:
+        return 0.0
+    union = busy_seconds(span for spans in spans_by_worker for span in spans)
+    return union - sum(busy_seconds(spans) for spans in spans_by_worker) / len(spans_by_worker)

@@ -190,6 +190,37 @@ def test_prune_json_records_the_precision_that_ran(streamed):
     assert summary["resources"]["precision_requested"] == "auto" and summary["resources"]["precision"] == "fp32"
 
 
+def test_prune_json_says_where_the_time_went(streamed):
+    """`timing.parts` cuts the wall time into the job's steps (they add up to it); per actor: load, blocks, busy."""
+    out, summary = streamed
+    t = summary["timing"]
+    parts = t["parts"]
+    assert set(parts) == {"checks_s", "ray_init_s", "plan_s", "actor_start_s", "compute_s", "stall_s", "drain_s",
+                          "finish_s", "other_s"}
+    assert sum(parts.values()) == pytest.approx(t["wall_s"], abs=0.01)
+    assert min(parts.values()) >= -0.01 and parts["compute_s"] == t["compute_s"] > 0
+    assert parts["actor_start_s"] > 0 and parts["actor_start_s"] + parts["compute_s"] <= t["pipeline_s"] + 0.01
+    assert 0 <= t["underused_s"] <= t["compute_s"]
+    actors = t["actors"]
+    assert len(actors) == summary["resources"]["actors"] == t["work"]["actors_started"]
+    assert sum(a["blocks"] for a in actors) == summary["grouping"]["blocks"]
+    assert all(0 <= a["created_s"] < a["ready_s"] and a["load_s"] == pytest.approx(a["ready_s"] - a["created_s"], abs=0.01)
+               and a["busy_s"] <= t["compute_s"] + 0.01 for a in actors)
+    assert 0 < t["work"]["tokenize_s"] < t["work"]["score_s"]
+    assert "Time: checks " in (out / "prune.md").read_text()
+
+
+def test_window_split_and_underused_seconds():
+    from memprune.timing import underused_seconds, window_split
+
+    got = window_split(0.0, 10.0, [(2.0, 4.0), (3.0, 5.0), (6.0, 8.0), (11.0, 12.0)])
+    assert got == {"startup_s": 2.0, "compute_s": 5.0, "stall_s": 1.0, "drain_s": 2.0}
+    assert window_split(0.0, 3.0, []) == {"startup_s": 3.0, "compute_s": 0.0, "stall_s": 0.0, "drain_s": 0.0}
+    # two workers: one busy 0-4, the other 2-4: a union of 4 s, 1 s lost on average to the idle one
+    assert underused_seconds([[(0.0, 4.0)], [(2.0, 4.0)]]) == pytest.approx(1.0)
+    assert underused_seconds([[(0.0, 4.0)], [(0.0, 4.0)]]) == 0.0 and underused_seconds([]) == 0.0
+
+
 @pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_batch_job_prunes_on_calibrated_scores_where_available(ray_local, calibrated_dir, scorer_dir, store,
                                                               corpus, tmp_path):

@@ -38,7 +38,7 @@ from memprune.prune.stats import block_stats, empty_stats, merge_stats, stable_h
 from memprune.prune.store import Plan, read_rows
 from memprune.runtime import ActorResources, user_error
 from memprune.storage import Location, canonical
-from memprune.timing import busy_seconds, now
+from memprune.timing import busy_seconds, now, underused_seconds, window_split
 from memprune.tokens import token_counter
 
 
@@ -104,28 +104,32 @@ def _sort_key(table: pa.Table, keys: Sequence[str]) -> pa.Array:
 
 
 class _Tally:
-    """Ray actor collecting per-block counters; fails when one group reaches it from two blocks."""
+    """Ray actor collecting per-block counters and timings; fails when one group reaches it from two blocks."""
 
     def __init__(self, settings: list[PruneRule]) -> None:
         self.stats = empty_stats(settings)
         self.hashes: list[np.ndarray] = []
         self.blocks = 0
         self.times: dict[str, float] = {}
-        self.spans: list[tuple[float, float]] = []
+        self.spans: dict[str, list[tuple[float, float]]] = {}  # per scoring actor (or "decide": the shuffle's tasks)
+        self.actors: dict[str, tuple[float, float]] = {}  # scoring actor -> (created, model loaded)
         self.precisions: set[str] = set()
         self.nodes: set[str] = set()
 
-    def add_actor(self, precision: str, node: str) -> None:
-        """A scoring actor started: the precision its scorer runs at (resolved on its device) and its Ray node."""
+    def add_actor(self, precision: str, node: str, actor: str, loading: tuple[float, float]) -> None:
+        """A scoring actor started: the precision its scorer runs at (resolved on its device), its Ray node, and
+        when it was created and when its model was loaded (wall-clock stamps)."""
         self.precisions.add(precision)
         self.nodes.add(node)
+        self.actors[actor] = loading
+        self.add_time({"actor_load_s": loading[1] - loading[0], "actors_started": 1})
 
-    def add_time(self, times: dict[str, float], span: tuple[float, float] | None = None) -> None:
-        """Add seconds per kind of work, and the wall-clock interval of a block's compute."""
+    def add_time(self, times: dict[str, float], span: tuple[float, float] | None = None, worker: str = "decide") -> None:
+        """Add seconds per kind of work, and the wall-clock interval of a block's compute by `worker`."""
         for k, v in times.items():
             self.times[k] = self.times.get(k, 0.0) + v
         if span is not None:
-            self.spans.append(span)
+            self.spans.setdefault(worker, []).append(span)
 
     def add(self, stats: dict[str, Any]) -> None:
         stats = dict(stats)
@@ -136,9 +140,8 @@ class _Tally:
     def result(self) -> dict[str, Any]:
         hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, dtype=np.int64)
         return {**self.stats, "split_groups": int(len(hashes) - len(np.unique(hashes))), "blocks": self.blocks,
-                "times": self.times, "compute_s": busy_seconds(self.spans),
+                "times": self.times, "spans": self.spans, "actor_loading": self.actors,
                 "precision": ",".join(sorted(self.precisions)), "nodes": sorted(self.nodes)}
-
 
 
 @dataclass(frozen=True)
@@ -180,30 +183,34 @@ class ScoreActor(EncoderActor):
 
         from memprune.scorer import Scorer
 
-        t0 = time.perf_counter()
         self.s = settings
         self.scorer = Scorer.load(settings.scorer_path, device=device, precision=settings.precision)
         self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
-        ray.get(settings.tally.add_actor.remote(self.scorer.precision, ray.get_runtime_context().get_node_id()))
-        ray.get(settings.tally.add_time.remote({"actor_load_s": time.perf_counter() - t0, "actors_started": 1}))
+        context = ray.get_runtime_context()
+        self.name = context.get_actor_id()
+        ray.get(settings.tally.add_actor.remote(self.scorer.precision, context.get_node_id(), self.name,
+                                                (self.created, now())))
 
     def __call__(self, block: pa.Table) -> pa.Table:
         import ray
 
         s = self.s
-        started, t0 = now(), time.perf_counter()
+        started, t0, tokenizing = now(), time.perf_counter(), self.scorer.tokenize_s
         texts = block.column("text").to_pylist()
         embed = s.settings[0].dedup or s.settings[0].supersede.on
         scores, emb = score_and_embed(self.scorer, texts, s.batch_size, s.sort_by_length, embed=embed)
         check_scores(scores, block.column("bullet_id").to_pylist(), "prune")
+        t1 = time.perf_counter()
+        times = {"score_s": t1 - t0, "tokenize_s": self.scorer.tokenize_s - tokenizing}
         if s.calibrated:
             scores = self.scorer.calibrate(scores)
-        t1 = time.perf_counter()
+            times["calibrate_s"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
         tokens = self.count_tokens(texts)
         t2 = time.perf_counter()
-        times = {"score_s": t1 - t0, "tokens_s": t2 - t1}
+        times["tokens_s"] = t2 - t1
         if not s.decide_here:
-            ray.get(s.tally.add_time.remote(times, (started, now())))
+            ray.get(s.tally.add_time.remote(times, (started, now()), self.name))
             block = block.append_column("score", pa.array(scores, pa.float64())).append_column(TOKENS, pa.array(tokens))
             if emb is not None:  # carried through the sort to the decision
                 block = block.append_column(EMB, pa.FixedSizeListArray.from_arrays(emb.reshape(-1), emb.shape[1]))
@@ -213,7 +220,7 @@ class ScoreActor(EncoderActor):
                                   lambda t: self.scorer.embed(t, batch_size=s.batch_size))
         out = with_outputs(block, scores, decision)
         times["decide_s"] = time.perf_counter() - t2
-        ray.get(s.tally.add_time.remote(times, (started, now())))
+        ray.get(s.tally.add_time.remote(times, (started, now()), self.name))
         ray.get(s.tally.add.remote(stats))
         return out
 
@@ -300,10 +307,29 @@ def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
     return block.select(cols).filter(pa.array([chosen[g] for g in groups], pa.bool_()))
 
 
+def pipeline_timing(start: float, end: float, stats: dict[str, Any]) -> dict[str, Any]:
+    """Where the pipeline's wall time went: actor start-up (worker start, imports, model load, the first read)
+    until the first block is scored, compute (`stats["compute_s"]`: scoring, token counting and the rule, parallel
+    actors counted once), stalls (no actor computing between blocks: scheduling, block transfer) and the drain
+    after the last block (the last writes); plus what the compute lost to actors idling beside a busy one, and
+    per actor (from the pipeline start) when it was created and when its model was ready, its load time (imports
+    and weights), blocks and busy seconds."""
+    spans = stats.pop("spans")
+    loading = stats.pop("actor_loading")
+    window = window_split(start, end, [span for worker in spans.values() for span in worker])
+    stats["compute_s"] = window["compute_s"]
+    actors = [{"created_s": round(began - start, 3), "ready_s": round(ready - start, 3), "load_s": round(ready - began, 3),
+               "blocks": len(spans.get(name, ())), "busy_s": round(busy_seconds(spans.get(name, ())), 3)}
+              for name, (began, ready) in sorted(loading.items(), key=lambda item: item[1])]
+    return {"pipeline_s": end - start, "actor_start_s": window["startup_s"], "stall_s": window["stall_s"],
+            "drain_s": window["drain_s"], "underused_s": underused_seconds([spans.get(a, []) for a in loading]),
+            "actors": actors}
+
+
 def run_pipeline(
     config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Location, calibrated: bool = False,
     lives: Lives | None = None,
-) -> tuple[dict[str, Any], dict[str, float], pa.Table | None]:
+) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
     """Assemble and run the Ray Data pipeline; write the store into `tmp` (a dry run: collect the preview
     sample instead, and write nothing); return counters, timing and the preview rows (dry run only).
     `calibrated`: the actors map raw scores through the artifact's calibration (resolved on the driver);
@@ -313,8 +339,7 @@ def run_pipeline(
 
     keys, settings = config.rule.keys, config.settings()
     unit = config.rule.unit_keys  # what a block holds whole: the groups, and with supersession their scopes
-    timing: dict[str, float] = {}
-    t1 = time.perf_counter()
+    t1 = now()
     ctx = DataContext.get_current()
     saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
     ctx.execution_options.preserve_order = True
@@ -351,7 +376,7 @@ def run_pipeline(
             ds.write_parquet(tmp.path, filesystem=tmp.fs, min_rows_per_file=config.rows_per_file,
                              ray_remote_args={"num_cpus": config.io_cpus})
         stats = ray.get(tally.result.remote())
-        timing["pipeline_s"] = time.perf_counter() - t1
+        timing = pipeline_timing(t1, now(), stats)
     except Exception as exc:
         user = user_error(exc)  # the memprune error raised inside an actor or task, unwrapped
         if user is not None:

@@ -70,8 +70,22 @@ def render_markdown(summary: dict[str, Any]) -> str:
         *table(["reason", "bullets"], why),
         "",
         f"{store_line} {t['wall_s']} s ({t['bullets_per_s']} bullets/s); {time_line(t)}.",
+        *parts_line(t),
         "",
     ])
+
+
+PART_NAMES = {"checks_s": "checks", "ray_init_s": "Ray start", "plan_s": "plan", "actor_start_s": "actor start",
+              "compute_s": "compute", "stall_s": "stalls", "drain_s": "drain", "finish_s": "finish",
+              "other_s": "other"}
+
+
+def parts_line(t: dict[str, Any]) -> list[str]:
+    """Where the wall time went (prune.json `timing.parts`), in the job's order, and the compute lost to idle actors."""
+    if not t.get("parts"):
+        return []
+    parts = ", ".join(f"{name} {t['parts'][k]:.1f} s" for k, name in PART_NAMES.items() if k in t["parts"])
+    return ["", f"Time: {parts}; of the compute, {t.get('underused_s', 0):.1f} s with an actor idle beside a busy one."]
 
 
 def score_line(score: dict[str, Any] | None) -> list[str]:

@@ -47,6 +47,7 @@ from memprune.usagelog import usage_files
 from memprune.work import digest, file_digest
 
 PRUNE_FORMAT = 1
+BLOCKS_PER_ACTOR = 8  # the least blocks per scoring actor (smaller blocks where the store is small)
 console = Console(stderr=True)
 
 
@@ -198,6 +199,28 @@ def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
                               for r in rows))
 
 
+def timing_of(started: float, finishing: float, parts: dict[str, float], pipeline: dict[str, Any],
+              stats: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """prune.json `timing`: wall, compute and overhead (`memprune.timing.time_split`), and `parts`, the wall time cut
+    into the job's steps in order (they add up to `wall_s`; `other_s` is what no step claims). Compute is scoring,
+    token counting and the rule in the actors, parallel actors counted once."""
+    wall = time.perf_counter() - started
+    steps = {**parts, "actor_start_s": pipeline.get("actor_start_s", 0.0), "compute_s": stats.get("compute_s", 0.0),
+             "stall_s": pipeline.get("stall_s", 0.0), "drain_s": pipeline.get("drain_s", 0.0),
+             "finish_s": time.perf_counter() - finishing}
+    steps["other_s"] = wall - sum(steps.values())
+    pipeline_s = pipeline.get("pipeline_s")
+    return time_split(
+        wall, stats.get("compute_s", 0.0), parts={k: round(v, 3) for k, v in steps.items()},
+        pipeline_s=None if pipeline_s is None else round(pipeline_s, 3), scan_s=round(plan.scan_s, 3),
+        underused_s=round(pipeline.get("underused_s", 0.0), 3), actors=pipeline.get("actors", []),
+        # Summed over actors/tasks: model loading, forward passes (tokenizing included), token counting, the rule.
+        work={k: round(v, 3) for k, v in sorted(stats.get("times", {}).items())},
+        # Throughput of the Ray Data pipeline (actor start-up included, Ray start-up excluded).
+        bullets_per_s=round(plan.rows / pipeline_s, 1) if pipeline_s else None,
+    )
+
+
 def run(config: PruneConfig) -> dict[str, Any]:
     """Score and prune the store of `config.input` into `config.out`; return the prune.json summary."""
     started = time.perf_counter()
@@ -216,7 +239,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
     lives, life_info = check_lives(config, files, schema, given_rule.retention.now is not None)
     rows_wanted = min(sum(f.num_rows for f in files), config.limit_rows or math.inf)
     res: ActorResources | None = None
-    init_s = 0.0
+    parts = {"checks_s": time.perf_counter() - started}  # prune.json timing.parts: where the wall time went
     block_rows = config.block_rows
     if rows_wanted:
         t0 = time.perf_counter()
@@ -224,21 +247,23 @@ def run(config: PruneConfig) -> dict[str, Any]:
         import ray
         from ray.data import DataContext
 
-        init_s = time.perf_counter() - t0
+        parts["ray_init_s"] = time.perf_counter() - t0
         check_paths_visible({"--input": config.input, "--scorer": config.scorer, "--out": config.out})
         res = plan_actors(ray.cluster_resources(), config.use_gpu, config.actors, config.actor_cpus,
                           reserve_cpus=2 * config.io_cpus)
         block_rows = block_rows_for(block_rows, bytes_per_row(files, schema.names),
                                     DataContext.get_current().target_max_block_size or 2**27)
-        # At least ~4 blocks per actor, so that no actor idles while another finishes the last big block.
-        block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (4 * res.actors))))
+        # At least ~8 blocks per actor, so that no actor idles long while another finishes the last block (actors
+        # start seconds apart; prune.json timing.underused_s measures what is left).
+        block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (BLOCKS_PER_ACTOR * res.actors))))
     plan = plan_store(files, rule.unit_keys, block_rows, config.grouping, config.limit_rows)
+    parts["plan_s"] = time.perf_counter() - started - sum(parts.values())
     if scores_used["note"]:  # after every input check, so that a bad input stays one error line
         console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False, soft_wrap=True)
     console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "
                   f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks", highlight=False)
     with OutputSet(out, "prune") as outputs:
-        summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, init_s,
+        summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, parts,
                             started, outputs, scores_used, given_rule, lives, life_info)
     where = "dry run, no store written" if config.dry_run else str(out / STORE_DIR)
     console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
@@ -248,7 +273,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
 
 def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema: pa.Schema,
               settings: list[PruneRule], files: list[Any], notes: list[str],
-              scorer_info: dict[str, Any], block_rows: int, init_s: float, started: float,
+              scorer_info: dict[str, Any], block_rows: int, parts: dict[str, float], started: float,
               outputs: OutputSet, scores_used: dict[str, Any], given_rule: PruneRule, lives: Any,
               life_info: dict[str, Any] | None) -> dict[str, Any]:
     """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
@@ -260,14 +285,14 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
     preview = None
     if plan.rows == 0 or res is None:
         stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
-        timing: dict[str, float] = {}
+        timing: dict[str, Any] = {}
         if not config.dry_run:
             store.fs.create_dir(store.path, recursive=True)
             pq.write_table(out_schema.empty_table(), (store / "part-00000.parquet").path, filesystem=store.fs)
     else:
         stats, timing, preview = run_pipeline(config, res, plan, schema, store,
                                               calibrated=scores_used["used"] == "calibrated", lives=lives)
-        timing = {"ray_init_s": init_s, **timing}
+    finishing = time.perf_counter()
     written = [] if config.dry_run else finalize_files(store)
     rows_out = sum(parquet_file(p).metadata.num_rows for p in written)
     if not (plan.rows == stats["rows"] == (stats["rows"] if config.dry_run else rows_out)):
@@ -322,16 +347,7 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                                                 "precision": stats.get("precision") or None,
                                                 "nodes": len(stats.get("nodes") or ()),  # that ran scoring actors
                                                 "precision_requested": config.precision},
-        # compute: scoring, token counting and the rule in the actors (parallel actors counted once); the rest
-        # is Ray and actor start-up, planning, reading and writing
-        "timing": time_split(
-            time.perf_counter() - started, stats.get("compute_s", 0.0), scan_s=round(plan.scan_s, 3),
-            **{k: round(v, 3) for k, v in timing.items()},
-            # Summed over actors/tasks: model loading, forward passes, token counting, the rule.
-            work={k: round(v, 3) for k, v in sorted(stats.get("times", {}).items())},
-            # Throughput of the Ray Data pipeline (actor start-up included, Ray start-up excluded).
-            bullets_per_s=round(plan.rows / timing["pipeline_s"], 1) if timing.get("pipeline_s") else None,
-        ),
+        "timing": timing_of(started, finishing, parts, timing, stats, plan),
         "notes": notes,
         "config": config.model_dump(mode="json"),
     }
