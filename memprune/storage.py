@@ -205,6 +205,19 @@ class Location:
             raise StorageError(f"{self.uri}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
 
 
+def directory(value: str | os.PathLike[str], what: str = "--data") -> "Path | Location":
+    """An input directory as its readers take it: a local one as a `Path` (their `Path` code is unchanged), a URI as
+    its `Location` (read through its filesystem; `/`, `is_file`, `exists` as a Path has them), its bucket checked
+    (one line when it does not exist or these credentials cannot see it)."""
+    if not is_uri(value):
+        return Path(value)
+    loc = location(value, what)
+    if loc.local:
+        return Path(loc.path)
+    loc.check_reachable()
+    return loc
+
+
 def canonical(value: str | os.PathLike[str]) -> str:
     """One spelling of a location for every node: an absolute local path, or the URI."""
     loc = location(value)

@@ -18,7 +18,6 @@ Corpora that already have bullets (MSC, LoCoMo) can skip this step.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,14 @@ from pydantic import Field
 
 from memprune.errors import MemPruneError
 from memprune.ingest import distribution
-from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary, write_table
+from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary, write_table
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.config import LLMSection
 from memprune.llm.run import BULLET_TYPE, COMMON_FIELDS
 from memprune.rejects import Ledger
 from memprune.runtime import ensure_ray
 from memprune.schema import BULLETS, bullet_id
+from memprune.storage import canonical, directory, location
 from memprune.work import WorkDir, file_digest, resumable_chunks
 
 SUMMARIES = pa.schema([
@@ -57,8 +57,8 @@ class SummarizeError(MemPruneError):
 class SummarizeConfig(LLMSection):
     """Config of the summarize stage (`jobs/summarize.py`, `memprune summarize`)."""
 
-    data: str = Field(..., description="Directory with sessions.parquet (a `memprune ingest` output).")
-    out: str = Field(..., description="Output directory.")
+    data: str = Field(..., description="Directory or URI with sessions.parquet (a `memprune ingest` output).")
+    out: str = Field(..., description="Output directory or storage URI (s3://...).")
     chunk_sessions: int = Field(2048, ge=1, description="Sessions per resumable chunk (one run_llm pass each).")
     block_rows: int = Field(16, ge=1, description="Sessions per Ray Data block (spreads work over replicas).")
     limit: int | None = Field(None, ge=1, description="Only the first N sessions (a trial run).")
@@ -110,11 +110,11 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
               limit: int | None = None, progress: bool = True) -> dict[str, Any]:
     """Summarize every session of `DATA/sessions.parquet` into bullets; write the tables to `out`; return the summary."""
 
-    data, out = Path(data), check_out(out, "summarize")
+    data, out = directory(data, "--data"), check_out_location(out, "summarize")
     sessions_path = data / "sessions.parquet"
     if not sessions_path.exists():
         raise SummarizeError(f"{data}: no sessions.parquet here (is it a `memprune ingest` output directory?)")
-    if out.resolve() == data.resolve():
+    if canonical(out) == canonical(str(data)):
         raise SummarizeError(f"{out}: the output directory must differ from the data directory")
     llm.check_model()
     started = time.perf_counter()
@@ -141,10 +141,10 @@ def summarize(data: str | Path, out: str | Path, llm: LLMConfig, chunk_sessions:
                     bullets.extend(bullet_rows(row))
             write_table(pa.Table.from_pylist(bullets, schema=BULLETS), outputs.path("bullets.parquet"), "bullets")
             write_table(summaries, outputs.path("summaries.parquet"))
-            with atomic_path(outputs.path("sessions.parquet")) as tmp:
-                if limit is None:
-                    shutil.copyfile(sessions_path, tmp)
-                else:
+            if limit is None:  # the input's own bytes (server-side when both are on one object store)
+                location(sessions_path).copy_to(outputs.target("sessions.parquet"))
+            else:
+                with atomic_path(outputs.path("sessions.parquet")) as tmp:
                     pq.write_table(sessions, tmp)
 
         outcome = outcome_summary(summaries)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprune.errors import MemPruneError
-from memprune.io import atomic_path, write_json
+from memprune.io import MARKER, OutputSet, atomic_path, check_out_location, write_json
 
 
 def digest(payload: Any) -> str:
@@ -120,7 +121,7 @@ def resumable_chunks(
             pq.write_table(result, tmp)
         work.keep(paths[i])
     results = pa.concat_tables([pq.read_table(p, schema=schema) for p in paths]) if paths else schema.empty_table()
-    return results, {"chunks": len(bounds), "reused": len(bounds) - len(pending), "work": str(work.path)}
+    return results, {"chunks": len(bounds), "reused": len(bounds) - len(pending), "work": str(work)}
 
 
 def finished(summary: Path, fingerprint: str, needs: Iterable[str] = ()) -> dict[str, Any] | None:
@@ -137,3 +138,33 @@ def finished(summary: Path, fingerprint: str, needs: Iterable[str] = ()) -> dict
     except ValueError:
         return None
     return done if isinstance(done, dict) and done.get("fingerprint") == fingerprint else None
+
+
+def in_working_copy(uri: str, step: str, run: Callable[[Path], dict[str, Any]], leave: tuple[str, ...] = ()
+                    ) -> dict[str, Any]:
+    """Run a step that works in a local directory (`run(directory)`) against the storage URI `uri`, and commit its
+    outputs there as one output set of `step`.
+
+    The working copy is this node's (`cache_root()/<step>/<digest of the URI>`), started from what is committed at
+    `uri`, so a rerun on any node reuses the finished pieces a run committed there. Every top-level entry of the
+    working copy is committed except hidden ones (the local output set's marker and staging) and those named in
+    `leave` (caches, Ray's own storage). The reports (every .json and .md) and the returned summary name the URI,
+    not the working copy."""
+    from memprune.storage import cache_root
+
+    out = check_out_location(uri, step)
+    work = cache_root() / step / digest(out.uri)[:16]
+    committed = out / MARKER
+    if committed.is_file() and json.loads(committed.read_text()).get("state") == "done":
+        out.fetch_missing(work, skip=(".", *(f"{name}/" for name in leave)))
+    summary = run(work)
+    shown = str(work)
+    with OutputSet(out, step) as outputs:
+        for entry in work.iterdir():
+            if entry.name.startswith(".") or entry.name in leave:
+                continue
+            (shutil.copytree if entry.is_dir() else shutil.copy)(entry, outputs.path(entry.name))
+        for report in [*outputs.staging.rglob("*.json"), *outputs.staging.rglob("*.md")]:
+            report.write_text(report.read_text(encoding="utf-8").replace(shown, out.uri), encoding="utf-8")
+    result: dict[str, Any] = json.loads(json.dumps(summary).replace(shown, out.uri))
+    return result

@@ -94,8 +94,9 @@ def synth(
 
 @app.command()
 def summarize(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Directory with sessions.parquet."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (bullets/summaries/sessions.parquet, summarize.json)."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Directory or URI with sessions.parquet."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): "
+                                                                "bullets/summaries/sessions.parquet, summarize.json."),
     llm_config: Optional[Path] = LLM_CONFIG,
     llm_set: Optional[list[str]] = LLM_SET,
     chunk_sessions: Optional[int] = typer.Option(None, "--chunk-sessions", help="Sessions per resumable chunk [default: 2048]."),
@@ -266,10 +267,11 @@ def train(
 
 @app.command()
 def tune(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with bullets.parquet."),
-    labels: Optional[list[Path]] = typer.Option(None, "--labels", "-l", help="Dir with labels.parquet; repeat to mix."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: tune.json, tune.md, tune.png, "
-                                       "train-tuned.yaml, trials/."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Corpus dir or URI with bullets.parquet."),
+    labels: Optional[list[str]] = typer.Option(None, "--labels", "-l", help="Dir or URI with labels.parquet; repeat "
+                                                                            "to mix."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): tune.json, tune.md, "
+                                                                "tune.png, train-tuned.yaml, trials/."),
     stage1_trials: Optional[int] = typer.Option(None, "--stage1-trials", help="Stage-1 trials [default: 6]."),
     stage2_trials: Optional[int] = typer.Option(None, "--stage2-trials", help="Stage-2 trials [default: 8]."),
     train_fraction: Optional[float] = typer.Option(None, "--train-fraction", help="Share of the train conversations "
@@ -318,11 +320,14 @@ def evaluate(
 
 @app.command("dialogue-eval")
 def dialogue_eval(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with sessions.parquet and bullets.parquet."),
-    pruned: Optional[Path] = typer.Option(None, "--pruned", help="`memprune prune` output dir (pruned/ store with keep)."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Corpus dir or URI with sessions.parquet and "
+                                                                  "bullets.parquet."),
+    pruned: Optional[str] = typer.Option(None, "--pruned", help="`memprune prune` output dir or URI (pruned/ store "
+                                                                "with keep)."),
     llm_config: Optional[Path] = LLM_CONFIG,
     llm_set: Optional[list[str]] = LLM_SET,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: dialogue.json, dialogue.md, generations.parquet."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): dialogue.json, "
+                                                                "dialogue.md, generations.parquet."),
     turns: Optional[int] = typer.Option(None, "--turns", help="Target turns evaluated (default 200)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed of the target turns (default 0)."),
     conditions: Optional[str] = typer.Option(None, "--conditions", help="Comma list of none,all,pruned,retrieval (default all four)."),
@@ -359,12 +364,15 @@ def _retrieval_k(value: Optional[str], allowed: tuple[str, ...]) -> Any:
 
 @app.command("qa-eval")
 def qa_eval(
-    data: Optional[Path] = typer.Option(None, "--data", "-d", help="Corpus dir with qa.parquet, sessions.parquet and bullets.parquet."),
-    pruned: Optional[Path] = typer.Option(None, "--pruned", help="`memprune prune` output dir (pruned/ store with keep)."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Corpus dir or URI with qa.parquet, "
+                                                                  "sessions.parquet and bullets.parquet."),
+    pruned: Optional[str] = typer.Option(None, "--pruned", help="`memprune prune` output dir or URI (pruned/ store "
+                                                                "with keep)."),
     llm_config: Optional[Path] = typer.Option(None, "--llm-config", help="YAML file of the answering LLM (configs/llm/)."),
     llm_set: Optional[list[str]] = LLM_SET,
     judge_llm: Optional[Path] = typer.Option(None, "--judge-llm", help="YAML file of the judge LLM (CORRECT/WRONG verdicts)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir: qa.json, qa.md, qa.png, answers.parquet."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): qa.json, qa.md, "
+                                                                "qa.png, answers.parquet."),
     conditions: Optional[str] = typer.Option(None, "--conditions", help="Comma list of none,all,pruned,retrieval,dialogue (default all five)."),
     retrieval_k: Optional[str] = typer.Option(None, "--retrieval-k", help="Bullets retrieved per question, 'pruned' or 'pruned_tokens' (default)."),
     config: Optional[Path] = CONFIG,

@@ -37,7 +37,7 @@ from memprune.dialogue.plan import DialogueError, build_rows, sample_targets
 from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
-from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary
+from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import results_schema, run_llm_chunks
 from memprune.llm.prompts import load_template
@@ -47,6 +47,7 @@ from memprune.memory.cost import cost_table
 from memprune.memory.store import load_keep, missing_from_store
 from memprune.rejects import Ledger
 from memprune.runtime import torch_device
+from memprune.storage import Location, directory
 
 DIALOGUE_FORMAT = 1
 console = Console(stderr=True)
@@ -58,7 +59,7 @@ def memory_tokens(rows: pa.Table, counter: PromptTokens) -> list[int]:
     return counter.texts(["\n".join(n["text"] for n in memory) for memory in rows.column("memory").to_pylist()])
 
 
-def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path, chunk_rows: int, block_rows: int,
+def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path | Location, chunk_rows: int, block_rows: int,
                      progress: bool = True) -> tuple[pa.Table, dict[str, Any]]:
     """Replies for every generation row, in row order; chunks already under OUT/.work/<fingerprint>/ are reused."""
     return run_llm_chunks(rows, ["context", "memory", "target_speaker"], llm, "reply", out, chunk_rows, block_rows,
@@ -68,7 +69,7 @@ def generate_replies(rows: pa.Table, llm: LLMConfig, out: Path, chunk_rows: int,
 def run(cfg: DialogueEvalConfig) -> dict[str, Any]:
     """Sample targets, build the memory conditions, generate, score; write OUT/ and return dialogue.json."""
     started = time.perf_counter()
-    data, out = Path(cfg.data), check_out(cfg.out, "dialogue-eval")
+    data, out = directory(cfg.data, "--data"), check_out_location(cfg.out, "dialogue-eval")
     for name in ("sessions", "bullets"):
         if not (data / f"{name}.parquet").is_file():
             raise DialogueError(f"{data}: no {name}.parquet here (give a `memprune ingest`/`summarize` output directory)")

@@ -44,7 +44,7 @@ from memprune.label.report import render_markdown, render_plan, render_source_ma
 from memprune.label.sources import SOURCES
 from memprune.label.summary import judge_summary
 from memprune.schema import PAIRS
-from memprune.storage import Location, canonical, is_uri, location
+from memprune.storage import Location, canonical, directory
 from memprune.work import file_digest
 
 console = Console(stderr=True)
@@ -67,7 +67,7 @@ def _out_dir(cfg: LabelConfig) -> Location:
 
 def _data(cfg: LabelConfig) -> Path | Location:
     """The corpus directory: a Path, or the `Location` of a URI (read through its filesystem)."""
-    return location(cfg.data, "--data") if is_uri(cfg.data) else Path(cfg.data)
+    return directory(cfg.data, "--data")
 
 
 def _inputs(cfg: LabelConfig) -> tuple[pa.Table, pa.Table, dict[str, str]]:
@@ -229,11 +229,8 @@ def run_plan(cfg: LabelConfig) -> dict[str, Any]:
         "inputs": {"sessions.parquet": inputs["sessions"], "bullets.parquet": inputs["bullets"]},
         "wall_s": round(time.perf_counter() - started, 3),
     }
-    if out.local:
-        write_summary(out.path, "plan", summary, render_plan(summary))
-    else:
-        (out / "plan.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-        (out / "plan.md").write_text(render_plan(summary))
+    with OutputSet(out, "label-plan") as outputs:  # its own step: a later label run's outputs are not the plan's
+        write_summary(outputs.staging, "plan", summary, render_plan(summary))
     return summary
 
 

@@ -21,6 +21,7 @@ from memprune.llm.config import LLMConfig, Task
 from memprune.llm.prompts import load_template
 from memprune.llm.run import output_fields, run_llm
 from memprune.runtime import ensure_ray
+from memprune.storage import Location
 from memprune.work import WorkDir, resumable_chunks
 
 
@@ -59,7 +60,7 @@ def _run_chunk(inputs: pa.Table, llm: LLMConfig, task: Task, block_rows: int) ->
     return pa.Table.from_pylist(got, schema=schema)
 
 
-def run_llm_chunks(rows: pa.Table, columns: Sequence[str], llm: LLMConfig, task: Task, out: str | Path,
+def run_llm_chunks(rows: pa.Table, columns: Sequence[str], llm: LLMConfig, task: Task, out: str | Path | Location,
                    chunk_rows: int, block_rows: int, desc: str, progress: bool = True
                    ) -> tuple[pa.Table, dict[str, Any]]:
     """`run_llm(task)` over `rows` (its `row_id` + `columns`), resumable; the results table in row order and

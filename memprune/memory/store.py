@@ -1,7 +1,8 @@
 """The pruned store as the memory evaluations read it: bullet id -> keep flag, and what its report says.
 
 A pruned store is what `memprune prune` writes (`DIR/pruned/part-*.parquet` next to `DIR/prune.json`), a
-directory of such Parquet files, or one file; only `bullet_id` and `keep` are read. Both dialogue-eval and
+directory of such Parquet files, or one file, on a local disk or a storage URI (read through its filesystem, no
+copy); only `bullet_id` and `keep` are read. Both dialogue-eval and
 qa-eval read it here, so a store that one accepts the other accepts too, with the same error lines.
 """
 
@@ -16,15 +17,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprune.errors import MemPruneError
+from memprune.storage import Location, directory
 
 
 class PrunedStoreError(MemPruneError):
     """The pruned store cannot be read or does not cover the evaluated memory; the message names the file or row."""
 
 
-def pruned_files(path: str | Path) -> list[Path]:
+def pruned_files(path: str | Path) -> list[Path] | list[Location]:
     """The Parquet files of a pruned store: `DIR/pruned/part-*.parquet`, a dir of Parquet files, or one file."""
-    p = Path(path)
+    p = directory(path, "--pruned")
+    if isinstance(p, Location):
+        return _remote_files(p)
     if p.is_file():
         return [p]
     if not p.exists():
@@ -37,10 +41,32 @@ def pruned_files(path: str | Path) -> list[Path]:
     return files
 
 
-def _check_schema(file: Path) -> None:
+def _remote_files(loc: Location) -> list[Location]:
+    """`pruned_files` of a store on object storage: one listing, the same layouts and errors."""
+    if loc.is_file():
+        return [loc]
+    names = loc.files()
+    if not names:
+        raise PrunedStoreError(f"{loc}: pruned store not found (give a `memprune prune` output directory)")
+    prefix = "pruned/" if any(n.startswith("pruned/") for n in names) else ""
+    files = sorted(n for n in names if n.startswith(prefix) and n.endswith(".parquet")
+                   and "/" not in n[len(prefix):] and not n[len(prefix):].startswith((".", "_")))
+    if not files:
+        where = loc / prefix.rstrip("/") if prefix else loc
+        raise PrunedStoreError(f"{where}: no Parquet files here (expected the pruned store of `memprune prune`)")
+    return [loc / n for n in files]
+
+
+def _source(file: Path | Location) -> tuple[Any, Any]:
+    """(path, filesystem) for pyarrow's readers: a `Location`'s own, or a local path and None."""
+    return (file.path, file.fs) if isinstance(file, Location) else (file, None)
+
+
+def _check_schema(file: Path | Location) -> None:
     """A `PrunedStoreError` unless `file` is Parquet with a string `bullet_id` and a bool `keep`."""
     try:
-        schema = pq.read_schema(file)
+        where, filesystem = _source(file)
+        schema = pq.read_schema(where, filesystem=filesystem)
     except (pa.ArrowInvalid, OSError) as exc:
         raise PrunedStoreError(f"{file}: cannot read as Parquet: {exc}") from exc
     for col, typ in (("bullet_id", pa.string()), ("keep", pa.bool_())):
@@ -50,14 +76,14 @@ def _check_schema(file: Path) -> None:
             raise PrunedStoreError(f"{file}: column {col!r} has type {schema.field(col).type}, expected {typ}")
 
 
-def _store_rule(files: list[Path]) -> dict[str, Any] | None:
+def _store_rule(files: list[Path] | list[Location]) -> dict[str, Any] | None:
     """The pruning rule of the store's `prune.json` (as prune.json records it: flat, with its `label`) if it has one."""
     report = files[0].parent.parent / "prune.json" if files[0].parent.name == "pruned" else None
     if report is None or not report.is_file():
         return None
     try:
-        rule = json.loads(report.read_text(encoding="utf-8")).get("rule") or {}
-    except (ValueError, OSError):
+        rule = json.loads(report.read_bytes().decode("utf-8")).get("rule") or {}
+    except (ValueError, OSError, MemPruneError):
         return None
     return {k: v for k, v in rule.items() if k not in ("description", "keys")}
 
@@ -68,7 +94,8 @@ def load_keep(path: str | Path) -> tuple[dict[str, bool], dict[str, Any]]:
     keep: dict[str, bool] = {}
     for f in files:
         _check_schema(f)
-        table = pq.read_table(f, columns=["bullet_id", "keep"])
+        where, filesystem = _source(f)
+        table = pq.read_table(where, columns=["bullet_id", "keep"], filesystem=filesystem)
         ids, flags = table.column("bullet_id").to_pylist(), table.column("keep").to_pylist()
         for i, (bid, flag) in enumerate(zip(ids, flags)):
             if bid is None or flag is None:
@@ -76,7 +103,8 @@ def load_keep(path: str | Path) -> tuple[dict[str, bool], dict[str, Any]]:
             if bid in keep:
                 raise PrunedStoreError(f"{f}: row {i}: bullet_id {bid!r} appears twice in the pruned store")
             keep[bid] = bool(flag)
-    info: dict[str, Any] = {"path": str(Path(path)), "files": [str(f) for f in files], "bullets": len(keep),
+    shown = str(path) if isinstance(files[0], Location) else str(Path(path))
+    info: dict[str, Any] = {"path": shown, "files": [str(f) for f in files], "bullets": len(keep),
                             "kept": sum(keep.values())}
     rule = _store_rule(files)
     if rule is not None:

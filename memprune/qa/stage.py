@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from memprune.encoders import SentenceEncoder, resolve_encoder
-from memprune.io import JsonlSink, OutputSet, atomic_path, check_out, read_table, write_summary
+from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import run_llm_chunks
 from memprune.llm.prompts import load_template
@@ -54,6 +54,7 @@ from memprune.qa.report import render_markdown, write_figure
 from memprune.qa.scoring import category_label, score_groups
 from memprune.rejects import Ledger
 from memprune.runtime import torch_device
+from memprune.storage import Location, directory
 
 QA_FORMAT = 1
 console = Console(stderr=True)
@@ -80,7 +81,7 @@ ANSWERS = pa.schema([
 ANSWER_OUT = ("prediction", "parse", "raw", "error", "attempts", "tokens_in", "tokens_out")
 
 
-def check_corpus(data: Path) -> None:
+def check_corpus(data: Path | Location) -> None:
     """A `QAError` naming the directory and the table when the corpus lacks qa, sessions or bullets."""
     for name in ("qa", "sessions", "bullets"):
         if not (data / f"{name}.parquet").is_file():
@@ -89,7 +90,7 @@ def check_corpus(data: Path) -> None:
             raise QAError(f"{data}: no {name}.parquet here{hint}")
 
 
-def read_corpus(data: Path) -> tuple[pa.Table, pa.Table, pa.Table]:
+def read_corpus(data: Path | Location) -> tuple[pa.Table, pa.Table, pa.Table]:
     """(qa, sessions, bullets) of a corpus directory; a missing or empty table is a `QAError` naming it."""
     check_corpus(data)
     qa = read_table(data / "qa.parquet", "qa")
@@ -163,7 +164,7 @@ class Plan:
 
 def plan(cfg: QAEvalConfig, llm: LLMConfig) -> Plan:
     """Questions, memory conditions and answer rows with their token counts (no LLM call yet)."""
-    data = Path(cfg.data)
+    data = directory(cfg.data, "--data")
     qa, sessions, bullets = read_corpus(data)
     all_questions = load_questions(qa)
     questions, excluded = select_questions(all_questions, cfg.questions, cfg.seed, cfg.categories)
@@ -213,8 +214,8 @@ def answers_table(cfg: QAEvalConfig, planned: Plan, answered: pa.Table, judged: 
 def run(cfg: QAEvalConfig) -> dict[str, Any]:
     """Plan the questions x conditions, answer, judge, score; write OUT/ and return qa.json."""
     started = time.perf_counter()
-    out = check_out(cfg.out, "qa-eval")
-    check_corpus(Path(cfg.data))
+    out = check_out_location(cfg.out, "qa-eval")
+    check_corpus(directory(cfg.data, "--data"))
     llm, judge = cfg.llm_settings(), cfg.judge_settings()
     load_template(llm.prompt_name("answer"), "answer")
     llm.check_model()
@@ -237,7 +238,7 @@ def run(cfg: QAEvalConfig) -> dict[str, Any]:
 def _answer_and_score(cfg: QAEvalConfig, planned: Plan, llm: LLMConfig, judge: LLMConfig | None, outputs: OutputSet,
                       started: float, planned_s: float) -> dict[str, Any]:
     """Answers and verdicts (resumable, under OUT/.work), their scores; every output into the output set."""
-    out, rows = outputs.out, planned.rows
+    out, rows = outputs.loc, planned.rows
     chunk_rows = cfg.chunk_questions * len(cfg.conditions)
     t0 = time.perf_counter()
     answered, answer_chunks = run_llm_chunks(rows, ["question", "memory"], llm, "answer", out, chunk_rows,

@@ -211,7 +211,7 @@ class TrainSettings(ConfigModel):
         )
 
 
-def _out(value: Any) -> Any:
+def out_place(value: Any) -> Any:
     """A storage URI stays as written; a local path (or file:// URI) becomes an absolute Path."""
     if isinstance(value, str) and is_uri(value):
         loc = location(value, "out")
@@ -225,7 +225,7 @@ class TrainConfig(TrainSettings):
 
     data: Place
     labels: list[Place] = Field(min_length=1, description="label dirs (labels.parquet); several are mixed")
-    out: Annotated[Path | str, BeforeValidator(_out)] = Field(
+    out: Annotated[Path | str, BeforeValidator(out_place)] = Field(
         description="run directory, or a storage URI: the run is then committed there (see train/recipe.py)")
 
     @field_validator("labels", mode="before")

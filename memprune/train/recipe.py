@@ -10,8 +10,6 @@ CLI and the pipeline.
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -21,12 +19,10 @@ import pyarrow.compute as pc
 from rich.console import Console
 
 from memprune.encoders import check_encoder
-from memprune.io import (MARKER, JsonlSink, OutputSet, check_out, check_out_location, read_table, write_json,
-                         write_table, write_text)
+from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_json, write_table, write_text
 from memprune.markdown import time_line
 from memprune.rejects import Ledger
 from memprune.runtime import check_paths_visible, check_resources, ensure_ray, use_gpu
-from memprune.storage import cache_root
 from memprune.timing import busy_seconds, time_split
 from memprune.train.config import STAGES, TrainConfig
 from memprune.train.data import data_fingerprint, load_labels, prepare_data
@@ -35,7 +31,7 @@ from memprune.train.report import render_fold_report, render_report
 from memprune.train.splits import FOLD_MANIFEST, fold_assignment, fold_split
 from memprune.train.stages import STAGE_SPECS, TRAIN_FORMAT
 from memprune.train.trainer import Inputs, artifact_dir, run_stage, storage_path
-from memprune.work import digest
+from memprune.work import digest, in_working_copy
 
 console = Console(stderr=True)
 
@@ -303,25 +299,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _run_to_uri(cfg: TrainConfig, uri: str) -> dict[str, Any]:
-    """Train into this node's working copy of the URI `out` and commit the whole run there as one output set.
+    """Train into this node's working copy of the URI `out` and commit the whole run there as one output set
+    (`memprune.work.in_working_copy`: a rerun on any node reuses the finished (stage, seed) runs committed there).
 
-    The working copy starts from the run committed at `uri` (its finished (stage, seed) runs are reused, so a
-    rerun on any node resumes); Ray Train's storage defaults to `<out>/ray`, and a stage that starts from another
-    gets that stage's head from the driver in its loop config, so no Ray Train worker reads this node's disk.
-    Reports name the URI, not the working copy."""
-    out = check_out_location(uri, "train")
-    work = cache_root() / "train" / digest(out.uri)[:16]
-    committed = out / MARKER
-    if committed.is_file() and json.loads(committed.read_text()).get("state") == "done":
-        out.fetch_missing(work, skip=(".", "ray/"))
-    ray = cfg.ray.model_copy(update={"storage_path": cfg.ray.storage_path or f"{out.uri}/ray"})
-    summary = run(cfg.model_copy(update={"out": work, "ray": ray}))
-    shown = str(work)
-    with OutputSet(out, "train") as outputs:
-        for entry in work.iterdir():
-            if entry.name.startswith(".") or entry.name in ("cache", "ray"):
-                continue
-            (shutil.copytree if entry.is_dir() else shutil.copy)(entry, outputs.path(entry.name))
-        for report in [*outputs.staging.rglob("*.json"), *outputs.staging.rglob("*.md")]:
-            report.write_text(report.read_text(encoding="utf-8").replace(shown, out.uri), encoding="utf-8")
-    return json.loads(json.dumps(summary).replace(shown, out.uri))
+    Ray Train's storage defaults to `<out>/ray`, and a stage that starts from another gets that stage's head from the
+    driver in its loop config, so no Ray Train worker reads this node's disk. Reports name the URI, not the working
+    copy."""
+    ray = cfg.ray.model_copy(update={"storage_path": cfg.ray.storage_path or f"{uri.rstrip('/')}/ray"})
+    return in_working_copy(uri, "train", lambda work: run(cfg.model_copy(update={"out": work, "ray": ray})),
+                           leave=("cache", "ray"))

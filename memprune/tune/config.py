@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from memprune.config import ConfigModel
+from memprune.config import ConfigModel, Place
 from memprune.errors import MemPruneError
-from memprune.train.config import TrainSettings
+from memprune.storage import canonical
+from memprune.train.config import TrainSettings, out_place
 
 
 class TuneError(MemPruneError):
@@ -169,9 +170,11 @@ class TuneSettings(ConfigModel):
 class TuneConfig(TuneSettings):
     """Everything `memprune tune` needs: the settings plus the corpus, label and output directories."""
 
-    data: Path
-    labels: list[Path] = Field(min_length=1, description="label dirs (labels.parquet); several are mixed")
-    out: Path
+    data: Place = Field(description="corpus directory or URI with bullets.parquet")
+    labels: list[Place] = Field(min_length=1, description="label dirs or URIs (labels.parquet); several are mixed")
+    out: Annotated[Path | str, BeforeValidator(out_place)] = Field(
+        description="output directory, or a storage URI: the search then runs in a working copy and is committed "
+                    "there (see tune/stage.py)")
     tuned_config: Path | None = Field(None, description="also write the best settings as a train config here "
                                       "(always in OUT/train-tuned.yaml)")
 
@@ -182,8 +185,8 @@ class TuneConfig(TuneSettings):
 
     @model_validator(mode="after")
     def _paths(self) -> "TuneConfig":
-        self.data, self.out = (Path(p).expanduser().resolve() for p in (self.data, self.out))
-        self.labels = [Path(p).expanduser().resolve() for p in self.labels]
+        self.data, self.labels = canonical(os.path.expanduser(self.data)), [
+            canonical(os.path.expanduser(p)) for p in self.labels]
         if self.tuned_config is not None:
             self.tuned_config = Path(self.tuned_config).expanduser().resolve()
         return self

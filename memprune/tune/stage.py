@@ -32,7 +32,7 @@ from memprune.train.trainer import Inputs, artifact_dir, run_stage
 from memprune.tune.config import METRIC, TuneConfig, TuneError, apply_point
 from memprune.tune.report import render_report, render_train_yaml, write_figure
 from memprune.tune.space import base_point, encode, max_epochs, param_space, session_spearman_of
-from memprune.work import digest
+from memprune.work import digest, in_working_copy
 
 console = Console(stderr=True)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its error headers
@@ -224,9 +224,15 @@ def best_of(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def run(cfg: TuneConfig) -> dict[str, Any]:
-    """Search stage 1, then stage 2 from the chosen stage 1; write tune.json, tune.md, tune.png, train-tuned.yaml."""
+    """Search stage 1, then stage 2 from the chosen stage 1; write tune.json, tune.md, tune.png, train-tuned.yaml.
+
+    With a storage URI `out` the trials run in this node's working copy of it, and the search (trials included,
+    so a rerun on any node reuses them) is committed there as one output set (`memprune.work.in_working_copy`)."""
     from memprune.train.recipe import _prepare
 
+    if isinstance(cfg.out, str):
+        return in_working_copy(cfg.out, "tune", lambda work: run(cfg.model_copy(update={"out": work})),
+                               leave=("cache", "ray-tune"))
     check_out(cfg.out, "tune")
     check_encoder(cfg.train.encoder)
     started = time.perf_counter()
