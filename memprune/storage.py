@@ -209,11 +209,9 @@ def directory(value: str | os.PathLike[str], what: str = "--data") -> "Path | Lo
     """An input directory as its readers take it: a local one as a `Path` (their `Path` code is unchanged), a URI as
     its `Location` (read through its filesystem; `/`, `is_file`, `exists` as a Path has them), its bucket checked
     (one line when it does not exist or these credentials cannot see it)."""
-    if not is_uri(value):
-        return Path(value)
-    loc = location(value, what)
+    loc = location(value, what)  # a URI a Path would break (s3:/b/x) is one line here
     if loc.local:
-        return Path(loc.path)
+        return Path(loc.path) if is_uri(value) else Path(value)
     loc.check_reachable()
     return loc
 

@@ -148,8 +148,8 @@ def in_working_copy(uri: str, step: str, run: Callable[[Path], dict[str, Any]], 
     The working copy is this node's (`cache_root()/<step>/<digest of the URI>`), started from what is committed at
     `uri`, so a rerun on any node reuses the finished pieces a run committed there. Every top-level entry of the
     working copy is committed except hidden ones (the local output set's marker and staging) and those named in
-    `leave` (caches, Ray's own storage). The reports (every .json and .md) and the returned summary name the URI,
-    not the working copy."""
+    `leave` (caches, Ray's own storage). The reports (every .json, .md and .yaml) and the returned summary name the
+    URI, not the working copy."""
     from memprune.storage import cache_root
 
     out = check_out_location(uri, step)
@@ -164,7 +164,7 @@ def in_working_copy(uri: str, step: str, run: Callable[[Path], dict[str, Any]], 
             if entry.name.startswith(".") or entry.name in leave:
                 continue
             (shutil.copytree if entry.is_dir() else shutil.copy)(entry, outputs.path(entry.name))
-        for report in [*outputs.staging.rglob("*.json"), *outputs.staging.rglob("*.md")]:
+        for report in [p for ext in ("json", "md", "yaml") for p in outputs.staging.rglob(f"*.{ext}")]:
             report.write_text(report.read_text(encoding="utf-8").replace(shown, out.uri), encoding="utf-8")
     result: dict[str, Any] = json.loads(json.dumps(summary).replace(shown, out.uri))
     return result

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from memprune.encoders import check_encoder
 from memprune.io import OutputSet, check_out, jsonable, write_json, write_text
+from memprune.storage import location
 from memprune.train.config import TrainSettings
 from memprune.train.stages import STAGE_SPECS, trained_chain
 from memprune.train.trainer import Inputs, artifact_dir, run_stage
@@ -231,8 +232,11 @@ def run(cfg: TuneConfig) -> dict[str, Any]:
     from memprune.train.recipe import _prepare
 
     if isinstance(cfg.out, str):
-        return in_working_copy(cfg.out, "tune", lambda work: run(cfg.model_copy(update={"out": work})),
-                               leave=("cache", "ray-tune"))
+        summary = in_working_copy(cfg.out, "tune", lambda work: run(cfg.model_copy(
+            update={"out": work, "tuned_config": None})), leave=("cache", "ray-tune"))
+        if cfg.tuned_config is not None:  # the committed copy: it names the URI, not the working copy
+            write_text(cfg.tuned_config, (location(cfg.out) / "train-tuned.yaml").read_text())
+        return summary
     check_out(cfg.out, "tune")
     check_encoder(cfg.train.encoder)
     started = time.perf_counter()

@@ -1,0 +1,240 @@
+"""summarize, qa-eval, dialogue-eval, tune and `label --plan` on object storage (a real S3 server on loopback: moto's
+standalone server, the `bucket` fixture): inputs read from `s3://`, outputs committed there as one output set
+(marker `done` last), the same files and content as the same run with local paths; a URI that cannot be used is
+one line and nothing is written. (label, train, evaluate, ingest, synth and prune: tests/test_object_storage.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import upload
+from test_dialogue import corpus_and_store  # noqa: F401  (fixture: a synthetic corpus and its pruned store)
+from test_qa_eval import locomo, store  # noqa: F401  (fixtures: the LoCoMo fixture ingested, its pruned store)
+from tiny_llm import TinyOpenAIServer
+from typer.testing import CliRunner
+
+from memprune.io import MARKER
+from memprune.storage import Location, location
+
+
+def _cli(*args: str) -> Any:
+    from memprune.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _committed(uri: str, step: str) -> dict[str, Any]:
+    """The output set's marker at `uri`, checked to be a finished set of `step`."""
+    info = json.loads((location(uri) / MARKER).read_text())
+    assert info["state"] == "done" and info["step"] == step, info
+    return info
+
+
+def _local_files(root: Path) -> set[str]:
+    """The files of a local output directory, without the hidden ones (marker, `.work/`)."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
+
+
+def _remote_files(uri: str) -> set[str]:
+    return {n for n in location(uri).files() if not n.startswith(".")}
+
+
+def _table(where: Path | Location) -> list[dict[str, Any]]:
+    if isinstance(where, Location):
+        return pq.read_table(where.path, filesystem=where.fs).to_pylist()
+    return pq.read_table(where).to_pylist()
+
+
+def _reply(body: dict) -> str:
+    """The summarize replies of tests/test_summarize.py; one fixed answer to every other prompt (qa, dialogue)."""
+    from test_summarize import _reply as summarize_reply
+
+    if "adopted a" in body["messages"][-1]["content"]:
+        return summarize_reply(body)
+    return "Alice went hiking in May."
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llm):
+    with TinyOpenAIServer(tiny_llm, responder=_reply, idle_timeout=300) as srv:
+        yield srv
+
+
+def _llm_yaml(path: Path, server: TinyOpenAIServer) -> Path:
+    path.write_text(json.dumps({"engine": "http", "model": "tiny", "base_url": server.base_url, "batch_size": 8,
+                                "stage_num_cpus": 0.25, "max_retries": 1, "http_retries": 0}))
+    return path
+
+
+def test_summarize_reads_sessions_from_s3_commits_there_as_locally_and_resumes_on_another_node(
+        ray_local, server, bucket: str, tmp_path: Path, monkeypatch) -> None:
+    from test_summarize import _sessions
+
+    from memprune.io import write_table
+
+    write_table(_sessions(), tmp_path / "data" / "sessions.parquet", "sessions")
+    args = ["--llm-config", _llm_yaml(tmp_path / "llm.yaml", server), "--chunk-sessions", "2"]
+    res = _cli("summarize", "--data", tmp_path / "data", "--out", tmp_path / "local", *args)
+    assert res.exit_code == 0, res.output
+    data, out = upload(tmp_path / "data", f"{bucket}/data"), f"{bucket}/summarized"
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-a"))
+    res = _cli("summarize", "--data", data, "--out", out, *args)
+    assert res.exit_code == 0, res.output
+    assert f"-> {out}" in " ".join(res.output.split())
+    root, local = location(out), tmp_path / "local"
+    assert set(_committed(out, "summarize")["files"]) == _remote_files(out) == _local_files(local)
+    for name in ("bullets.parquet", "summaries.parquet", "sessions.parquet"):
+        assert (root / name).read_bytes() == (local / name).read_bytes(), name
+    rejects = [json.loads(line) for line in (root / "rejects.jsonl").read_text().splitlines()]
+    assert [r["source"] for r in rejects] == [f"{data}/sessions.parquet"] * 2
+    assert [{**r, "source": None} for r in rejects] == [
+        {**json.loads(line), "source": None} for line in (local / "rejects.jsonl").read_text().splitlines()]
+    got, want = json.loads((root / "summarize.json").read_text()), json.loads((local / "summarize.json").read_text())
+    assert got["counts"] == want["counts"] and got["llm_outcome"] == want["llm_outcome"]
+    assert got["out"] == out and got["data"] == data and str(tmp_path / "node-a") not in json.dumps(got)
+
+    # a rerun on a node with an empty cache finds every chunk under OUT/.work on the bucket: nothing is sent again
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-b"))
+    sent = len(server.requests)
+    res = _cli("summarize", "--data", data, "--out", out, *args)
+    assert res.exit_code == 0, res.output
+    again = json.loads((root / "summarize.json").read_text())["chunks"]
+    assert (again["total"], again["reused"]) == (2, 2) and again["work"].startswith(f"{out}/.work/")
+    assert len(server.requests) == sent and (root / "bullets.parquet").read_bytes() == (local / "bullets.parquet").read_bytes()
+
+
+def test_qa_eval_reads_corpus_and_pruned_store_from_s3_and_commits_there_as_locally(
+        ray_local, server, bucket: str, locomo: Path, store: Path, tmp_path: Path) -> None:  # noqa: F811
+    args = ["--llm-config", _llm_yaml(tmp_path / "llm.yaml", server), "--conditions", "none,all,pruned",
+            "--set", "bootstrap.samples=0", "--set", "figures=false", "--set", "progress=false"]
+    res = _cli("qa-eval", "--data", locomo, "--pruned", store, "--out", tmp_path / "local", *args)
+    assert res.exit_code == 0, res.output
+    data, pruned, out = upload(locomo, f"{bucket}/data"), upload(store, f"{bucket}/pruned"), f"{bucket}/qa"
+    res = _cli("qa-eval", "--data", data, "--pruned", pruned, "--out", out, *args)
+    assert res.exit_code == 0, res.output
+    root, local = location(out), tmp_path / "local"
+    assert set(_committed(out, "qa-eval")["files"]) == _remote_files(out) == _local_files(local)
+    assert _table(root / "answers.parquet") == _table(local / "answers.parquet")
+    got, want = json.loads((root / "qa.json").read_text()), json.loads((local / "qa.json").read_text())
+    assert got["metrics"] == want["metrics"] and got["accounting"] == want["accounting"]
+    assert {k: v for k, v in got["pruned"].items() if k not in ("path", "files")} == {
+        k: v for k, v in want["pruned"].items() if k not in ("path", "files")}
+    assert got["pruned"]["files"] == [f"{pruned}/pruned/part-00000.parquet"] and got["pruned"]["rule"]["top_k"] == 2
+    assert got["out"] == out and got["outputs"]["answers"] == f"{out}/answers.parquet"
+    assert got["chunks"]["answers"]["work"].startswith(f"{out}/.work/")
+
+
+def test_dialogue_eval_reads_corpus_and_pruned_store_from_s3_and_commits_there_as_locally(
+        ray_local, server, bucket: str, corpus_and_store: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+    corpus, store_dir = corpus_and_store
+    args = ["--llm-config", _llm_yaml(tmp_path / "llm.yaml", server), "--turns", "4", "--conditions",
+            "none,all,pruned", *(x for s in ("bertscore.enabled=false", "mauve.enabled=false", "bootstrap.samples=0",
+                                             "progress=false") for x in ("--set", s))]
+    res = _cli("dialogue-eval", "--data", corpus, "--pruned", store_dir, "--out", tmp_path / "local", *args)
+    assert res.exit_code == 0, res.output
+    data, pruned, out = upload(corpus, f"{bucket}/data"), upload(store_dir, f"{bucket}/pruned"), f"{bucket}/dialogue"
+    res = _cli("dialogue-eval", "--data", data, "--pruned", pruned, "--out", out, *args)
+    assert res.exit_code == 0, res.output
+    root, local = location(out), tmp_path / "local"
+    assert set(_committed(out, "dialogue-eval")["files"]) == _remote_files(out) == _local_files(local)
+    assert _table(root / "generations.parquet") == _table(local / "generations.parquet")
+    got, want = json.loads((root / "dialogue.json").read_text()), json.loads((local / "dialogue.json").read_text())
+    assert got["metrics"] == want["metrics"] and got["targets"] == want["targets"] and got["cost"] == want["cost"]
+    assert got["pruned"]["kept"] == want["pruned"]["kept"] and got["out"] == out and got["data"] == data
+
+
+def test_label_plan_on_s3_is_its_own_output_set_and_a_label_run_elsewhere_is_unaffected(
+        bucket: str, msc_small: Path, tmp_path: Path) -> None:
+    args = ["--plan", "--judge", "llm", "--judge-mode", "listwise", "--throughput", "2500"]
+    res = _cli("label", "--data", msc_small, "--out", tmp_path / "plan", *args)
+    assert res.exit_code == 0, res.output
+    data, plan = upload(msc_small, f"{bucket}/data"), f"{bucket}/plan"
+    res = _cli("label", "--data", data, "--out", plan, *args)
+    assert res.exit_code == 0, res.output
+    assert set(_committed(plan, "label-plan")["files"]) == _remote_files(plan) == {"plan.json", "plan.md"}
+    assert _local_files(tmp_path / "plan") == {"plan.json", "plan.md"}
+    got = json.loads((location(plan) / "plan.json").read_text())
+    want = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert got["modes"] == want["modes"] and got["pairs"] == want["pairs"] and got["inputs"] == want["inputs"]
+    res = _cli("label", "--data", data, "--out", plan, *args)  # the prefix is a memprune output: planned again
+    assert res.exit_code == 0, res.output
+
+    labels = f"{bucket}/labels"
+    res = _cli("label", "--data", data, "--out", labels, "--shard-size", "48", "--no-progress")
+    assert res.exit_code == 0, res.output
+    assert {"labels.parquet", "label.json"} <= set(_committed(labels, "label")["files"])
+    assert not {"plan.json", "plan.md"} & _remote_files(labels)
+    assert set(_committed(plan, "label-plan")["files"]) == _remote_files(plan) == {"plan.json", "plan.md"}
+
+
+def test_uris_these_steps_cannot_use_are_one_line_and_nothing_is_written(bucket: str, msc_small: Path,
+                                                                         tmp_path: Path) -> None:
+    llm = tmp_path / "llm.yaml"
+    llm.write_text(json.dumps({"engine": "http", "model": "tiny", "base_url": "http://127.0.0.1:9"}))
+    location(f"{bucket}/theirs/notes.txt").write_text("someone else's")
+    data = upload(msc_small, f"{bucket}/data")
+    cases = [
+        (["summarize", "--data", "nope://b/x", "--out", f"{bucket}/s", "--llm-config", llm],
+         "unknown storage scheme 'nope'"),
+        (["summarize", "--data", data, "--out", "s3:/b/x", "--llm-config", llm], "looks like a URI with one slash"),
+        (["qa-eval", "--data", data, "--out", f"{bucket}/q", "--llm-config", llm, "--conditions", "none"],
+         "no qa.parquet here"),
+        (["qa-eval", "--data", "s3://no-such-bucket-memprune/d", "--out", f"{bucket}/q", "--llm-config", llm,
+          "--conditions", "none"], "bucket 'no-such-bucket-memprune' does not exist"),
+        (["dialogue-eval", "--data", data, "--pruned", f"{bucket}/nothing", "--out", f"{bucket}/d", "--llm-config",
+          llm, "--conditions", "none,pruned"], "pruned store not found"),
+        (["dialogue-eval", "--data", data, "--out", f"{bucket}/theirs", "--llm-config", llm, "--conditions", "none"],
+         "not a memprune output"),
+        (["tune", "--data", data, "--labels", data, "--out", "s3://no-such-bucket-memprune/t"],
+         "bucket 'no-such-bucket-memprune' does not exist"),
+        (["label", "--data", data, "--out", f"{bucket}/theirs", "--plan"], "not a memprune output"),
+    ]
+    for args, message in cases:
+        res = _cli(*args)
+        text = " ".join(res.output.split())
+        assert res.exit_code == 2 and message in text and text.count("error:") == 1, (args, res.output)
+        assert "Traceback" not in res.output, res.output
+    assert _remote_files(bucket) == {f"data/{n}" for n in _remote_files(data)} | {"theirs/notes.txt"}
+
+
+@pytest.mark.slow
+def test_tune_runs_in_a_working_copy_and_commits_the_search_on_s3_as_locally(
+        ray_local, bucket: str, tmp_path: Path, monkeypatch) -> None:
+    """`tune --out s3://...`: the trials run in this node's working copy, the search is committed on the bucket with
+    the files and results of a local search; a rerun on another node reuses the committed trials."""
+    from test_train import _labels_for
+    from test_tune import _config
+
+    from memprune.io import write_table
+    from memprune.synth import generate
+    from memprune.tune import run as tune
+
+    generate(conversations=12, sessions=3, out=tmp_path / "data", seed=3)
+    write_table(_labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")),
+                tmp_path / "labels" / "labels.parquet", "labels")
+    small = {"stage1_trials": 1, "stage2_trials": 1, "points": [], "max_concurrent": 1}
+    local = tune(_config(tmp_path / "data", tmp_path / "labels", tmp_path / "local", **small))
+    data, labels = upload(tmp_path / "data", f"{bucket}/data"), upload(tmp_path / "labels", f"{bucket}/labels")
+    out = f"{bucket}/tune"
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-a"))
+    remote = tune(_config(data, labels, out, tuned_config=tmp_path / "tuned.yaml", **small))
+    _committed(out, "tune")
+    files = _remote_files(out)
+    assert {f.split("/", 1)[0] for f in files} == {p.name for p in (tmp_path / "local").iterdir()
+                                                   if not p.name.startswith(".") and p.name not in ("cache", "ray-tune")}
+    for key in ("stage1_trials", "stage2_trials"):
+        assert [r["metric"] for r in remote[key]] == pytest.approx([r["metric"] for r in local[key]], abs=1e-6)
+        assert [r["status"] for r in remote[key]] == [r["status"] for r in local[key]] == ["completed"]
+    committed = json.loads((location(out) / "tune.json").read_text())
+    assert committed["out"] == remote["out"] == out and str(tmp_path / "node-a") not in json.dumps(committed)
+    tuned = (location(out) / "train-tuned.yaml").read_text()
+    assert f"out: {out}/train" in tuned and (tmp_path / "tuned.yaml").read_text() == tuned
+
+    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-b"))
+    again = tune(_config(data, labels, out, **small))
+    assert [r["reused"] for r in again["stage1_trials"] + again["stage2_trials"]] == [True, True]
