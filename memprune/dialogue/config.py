@@ -39,7 +39,7 @@ class DialogueEvalConfig(MemoryEvalConfig):
 
     CONDITIONS: ClassVar[tuple[str, ...]] = CONDITIONS
 
-    data: str = Field(..., description="Corpus directory with sessions.parquet and bullets.parquet.")
+    data: str = Field(..., description="Corpus directory or URI with sessions.parquet and bullets.parquet.")
     conditions: list[str] = Field(default_factory=lambda: list(CONDITIONS), description="Memory conditions.")
     turns: int = Field(200, ge=1, description="Target turns evaluated (sampled deterministically).")
     seed: int = Field(0, description="Sampling seed of the target turns.")

@@ -26,8 +26,8 @@ class MemoryEvalConfig(LLMSection):
     CONDITIONS: ClassVar[tuple[str, ...]] = ()
 
     pruned: str | None = Field(None, description="Pruned store: a `memprune prune` output dir, its pruned/ dir, "
-                                                 "or a Parquet file with bullet_id and keep.")
-    out: str = Field(..., description="Output directory.")
+                                                 "or a Parquet file with bullet_id and keep (a path or a URI).")
+    out: str = Field(..., description="Output directory or storage URI (s3://...).")
     encoder_max_length: int = Field(256, ge=8)
     encoder_batch_size: int = Field(64, ge=1)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of the encoders on the driver.")

@@ -2,8 +2,8 @@
 
 A pruned store is what `memprune prune` writes (`DIR/pruned/part-*.parquet` next to `DIR/prune.json`), a
 directory of such Parquet files, or one file, on a local disk or a storage URI (read through its filesystem, no
-copy); only `bullet_id` and `keep` are read. Both dialogue-eval and
-qa-eval read it here, so a store that one accepts the other accepts too, with the same error lines.
+copy); only `bullet_id` and `keep` are read. Both dialogue-eval and qa-eval read it here, so a store that one
+accepts the other accepts too, with the same error lines.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ class QAEvalConfig(MemoryEvalConfig):
 
     CONDITIONS: ClassVar[tuple[str, ...]] = CONDITIONS
 
-    data: str = Field(..., description="Corpus directory with qa.parquet, sessions.parquet and bullets.parquet.")
+    data: str = Field(..., description="Corpus directory or URI with qa.parquet, sessions.parquet and "
+                                       "bullets.parquet.")
     judge_llm_config: str | None = Field(None, description="YAML file of the judge LLM (CORRECT/WRONG); none = no judge.")
     judge_llm: dict[str, Any] | None = Field(None, description="Inline judge LLM config (instead of judge_llm_config).")
     judge_llm_overrides: list[str] = Field(default_factory=list, description="key=value overrides of the judge LLM.")
