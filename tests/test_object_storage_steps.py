@@ -105,7 +105,8 @@ def test_summarize_reads_sessions_from_s3_commits_there_as_locally_and_resumes_o
     assert res.exit_code == 0, res.output
     again = json.loads((root / "summarize.json").read_text())["chunks"]
     assert (again["total"], again["reused"]) == (2, 2) and again["work"].startswith(f"{out}/.work/")
-    assert len(server.requests) == sent and (root / "bullets.parquet").read_bytes() == (local / "bullets.parquet").read_bytes()
+    assert len(server.requests) == sent
+    assert (root / "bullets.parquet").read_bytes() == (local / "bullets.parquet").read_bytes()
 
 
 def test_qa_eval_reads_corpus_and_pruned_store_from_s3_and_commits_there_as_locally(
@@ -225,8 +226,8 @@ def test_tune_runs_in_a_working_copy_and_commits_the_search_on_s3_as_locally(
     remote = tune(_config(data, labels, out, tuned_config=tmp_path / "tuned.yaml", **small))
     _committed(out, "tune")
     files = _remote_files(out)
-    assert {f.split("/", 1)[0] for f in files} == {p.name for p in (tmp_path / "local").iterdir()
-                                                   if not p.name.startswith(".") and p.name not in ("cache", "ray-tune")}
+    assert {f.split("/", 1)[0] for f in files} == {
+        p.name for p in (tmp_path / "local").iterdir() if not p.name.startswith(".") and p.name not in ("cache", "ray-tune")}
     for key in ("stage1_trials", "stage2_trials"):
         assert [r["metric"] for r in remote[key]] == pytest.approx([r["metric"] for r in local[key]], abs=1e-6)
         assert [r["status"] for r in remote[key]] == [r["status"] for r in local[key]] == ["completed"]
