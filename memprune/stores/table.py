@@ -1,7 +1,8 @@
 """The `table` store: Parquet, JSONL or CSV files (or a directory of them) with a column mapping.
 
 The location is a local path or a storage URI (`s3://b/mem.csv`, `s3://b/mem/`; `memprune.storage`): each
-file is read where it lives through its filesystem (a Ray Data read task per file), never copied first.
+file is read where it lives through its filesystem (a Parquet file: only the mapped columns; on the driver, or a
+Ray Data read task per file for a store past `export`'s in-memory limit), never copied first.
 Each file is a partition. A write changes only the records it names and nothing else: CSV and
 JSONL files are edited record by record in their own text (`memprune.stores.records`: no type
 inference, no re-serialisation), Parquet files are filtered with their own schema and codec. Every
