@@ -4,8 +4,9 @@ table against memprune's own Parquet path (a bullets table), same memories, same
 For each size, the memories are a synthetic bullets store (`memprune synth`, reused under --out):
 `bullet_id` -> memory id, `text` -> memory, `conversation_id` -> user, the session -> created_at.
 They are written as (a) the bullets Parquet itself (the baseline: `memprune prune --input DIR`),
-(b) a mapped Parquet export (`table:`), (c) a Lance dataset with a 384-d vector column (`lance:`),
-(d) a Mem0 store on a local Qdrant path (`mem0:`). Mem0's own `Memory.add(infer=False)` embeds
+(b) a mapped Parquet export (`table:`, one file), (b') the same rows as a directory of 8 Parquet files
+(`table-dir`: a `table:` store of 8 partitions), (c) a Lance dataset with a 384-d vector column (`lance:`),
+(d) a Mem0 store on a local Qdrant path (`mem0:`); `--kinds` picks which are built and pruned. Mem0's own `Memory.add(infer=False)` embeds
 each memory with MiniLM one call at a time; its rate is measured on `--mem0-add-sample` memories
 and the time for the whole store extrapolated; the rest is bulk-loaded through Mem0's own vector
 store (`Memory.vector_store.insert`, Mem0's payload layout, random unit vectors: the prune job reads
@@ -14,6 +15,7 @@ top-k 5) runs in a fresh process with a fresh local Ray; we record wall time, th
 scan / sort times, the Ray Data job's throughput, and the peak PSS of the whole process tree.
 
     python bench/store_bench.py --memories 10000 100000 --encoder tiny --out /work/runs/stores/bench
+    python bench/store_bench.py --memories 100000 --kinds bullets table table-dir --out /tmp/sb   # no Mem0 build
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prune_bench import PeakMemory, _env, make_scorers, make_store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("bullets", "table", "lance", "mem0")
+KINDS = ("bullets", "table", "table-dir", "lance", "mem0")
+TABLE_DIR_FILES = 8  # the files of the `table-dir` store
 MARK = "STORE_BENCH_RESULT "  # the child's result line (Ray and the libraries print to stdout too)
 MAP = {"table": "id=memory_id,text=memory,group=user,time=created_at", "lance": "id=memory_id,text=memory,group=user,time=created_at",
        "mem0": ""}
+MAP["table-dir"] = MAP["table"]
 
 
 def _mem0_config(d: Path) -> dict[str, Any]:
@@ -47,9 +51,9 @@ def _mem0_config(d: Path) -> dict[str, Any]:
             "history_db_path": str(d / "history.db")}
 
 
-def make_stores(n: int, out: Path) -> dict[str, Any]:
-    """The four stores of `n` memories under `out/n{n}` (reused when present); returns inputs and build times."""
-    import lance
+def make_stores(n: int, out: Path, kinds: list[str]) -> dict[str, Any]:
+    """The stores of `kinds` with `n` memories under `out/n{n}` (each reused when present); returns inputs and the
+    Mem0 build times."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -57,29 +61,45 @@ def make_stores(n: int, out: Path) -> dict[str, Any]:
     d = out / f"n{n}"
     d.mkdir(parents=True, exist_ok=True)
     info_path = d / "stores.json"
-    if info_path.is_file():
-        return json.loads(info_path.read_text())
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {"n": n, "inputs": {}, "mem0_load": None}
+    need = [k for k in kinds if k not in info["inputs"]]
+    if not need:
+        return info
     synth = make_store(n, out)
     b = pq.read_table(synth / "bullets.parquet").slice(0, n)
-    (d / "bullets").mkdir(exist_ok=True)
-    pq.write_table(b, d / "bullets" / "bullets.parquet")
+    inputs = info["inputs"]
+    if "bullets" in need:
+        (d / "bullets").mkdir(exist_ok=True)
+        pq.write_table(b, d / "bullets" / "bullets.parquet")
+        inputs["bullets"] = str(d / "bullets")
     created = [f"2024-01-{1 + s % 28:02d}T00:00:{i % 60:02d}Z" for i, s in enumerate(b.column("session_index").to_pylist())]
     export = pa.table({"memory_id": b.column("bullet_id"), "memory": b.column("text"), "user": b.column("conversation_id"),
                        "created_at": created})
     pq.write_table(export, d / "export.parquet")
-    rng = np.random.default_rng(0)
-    vec = rng.standard_normal((n, 384)).astype(np.float32)
-    vec /= np.linalg.norm(vec, axis=1, keepdims=True)
-    lance.write_dataset(export.append_column("vector", pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), 384)),
-                        str(d / "mem.lance"), mode="overwrite")
-    cfg = _mem0_config(d / "mem0")
-    (d / "mem0").mkdir(exist_ok=True)
-    (d / "mem0" / "mem0.json").write_text(json.dumps(cfg))
-    load = run_child("mem0_load", {"config": str(d / "mem0" / "mem0.json"), "export": str(d / "export.parquet"),
-                                   "sample": ARGS.mem0_add_sample})
-    info = {"n": n, "inputs": {"bullets": str(d / "bullets"), "table": f"table:{d / 'export.parquet'}",
-                               "lance": f"lance:{d / 'mem.lance'}", "mem0": f"mem0:{d / 'mem0' / 'mem0.json'}"},
-            "mem0_load": load}
+    if "table" in need:
+        inputs["table"] = f"table:{d / 'export.parquet'}"
+    if "table-dir" in need:  # the same rows as 8 Parquet files of one directory: 8 partitions
+        (d / "export-dir").mkdir(exist_ok=True)
+        step = -(-n // TABLE_DIR_FILES)
+        for k in range(TABLE_DIR_FILES):
+            pq.write_table(export.slice(k * step, step), d / "export-dir" / f"part-{k}.parquet")
+        inputs["table-dir"] = f"table:{d / 'export-dir'}"
+    if "lance" in need:
+        import lance
+
+        rng = np.random.default_rng(0)
+        vec = rng.standard_normal((n, 384)).astype(np.float32)
+        vec /= np.linalg.norm(vec, axis=1, keepdims=True)
+        lance.write_dataset(export.append_column("vector", pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), 384)),
+                            str(d / "mem.lance"), mode="overwrite")
+        inputs["lance"] = f"lance:{d / 'mem.lance'}"
+    if "mem0" in need:
+        cfg = _mem0_config(d / "mem0")
+        (d / "mem0").mkdir(exist_ok=True)
+        (d / "mem0" / "mem0.json").write_text(json.dumps(cfg))
+        info["mem0_load"] = run_child("mem0_load", {"config": str(d / "mem0" / "mem0.json"),
+                                                    "export": str(d / "export.parquet"), "sample": ARGS.mem0_add_sample})
+        inputs["mem0"] = f"mem0:{d / 'mem0' / 'mem0.json'}"
     info_path.write_text(json.dumps(info, indent=2))
     return info
 
@@ -184,8 +204,9 @@ def main() -> None:
     scorer = make_scorers(ARGS.out, [ARGS.encoder])[ARGS.encoder]
     rows, loads = [], {}
     for n in ARGS.memories:
-        info = make_stores(n, ARGS.out)
-        loads[n] = info["mem0_load"]
+        info = make_stores(n, ARGS.out, ARGS.kinds)
+        if info.get("mem0_load"):
+            loads[n] = info["mem0_load"]
         for kind in ARGS.kinds:
             out = ARGS.out / f"n{n}" / f"run-{kind}"
             r = run_child("prune", {"kind": kind, "n": n, "scorer": str(scorer), "input": info["inputs"][kind],

@@ -528,6 +528,52 @@ def test_a_store_of_several_files_read_by_ray_tasks_equals_the_same_records_read
     assert got["one"] == got["many"] and got["one"][3] == 11 and [r["id"] for r in got["one"][1]] == ["0007"]
 
 
+def test_a_store_of_several_files_decides_the_same_held_in_memory_or_spilled(ray_local, tmp_path) -> None:
+    """Issue 25: up to `sort_in_memory` usable rows the export holds the store in memory (no normal-form copy, no Ray
+    task); past it the rows held spill to Parquet and the files left are read by Ray Data tasks and sorted by Ray.
+    A store of three files (Parquet and CSV, rejects, times, pins) gives the same bullets, rejects, fingerprint and
+    error lines either way."""
+    from memprune.stores.base import open_store
+    from memprune.stores.export import export
+
+    def store_of(rows: list[dict]) -> object:
+        d = tmp_path / f"store-{len(list(tmp_path.glob('store-*')))}"
+        d.mkdir()
+        for k in range(2):
+            pq.write_table(pa.Table.from_pylist(rows[k::3]), d / f"mem-{k}.parquet")
+        (d / "mem-2.csv").write_text("mid,memory,user,at,star\n" + "".join(
+            f"{r['mid'] or ''},{r['memory'] or ''},{r['user']},{r['at']},{r['star']}\n" for r in rows[2::3]))
+        return open_store("table", str(d), {"id": "mid", "text": "memory", "group": "user", "time": "at", "pin": "star"})
+
+    rows = [{"mid": "" if i == 4 else f"{i:04d}", "memory": None if i in (7, 11) else f"Memory {i}.",
+             "user": f"u{i % 4}", "at": f"2024-03-{1 + i % 5:02d}T10:00:00Z", "star": i % 5 == 0} for i in range(1, 31)]
+    ways = {"held": {}, "spilled": {"sort_in_memory": 4}}
+
+    def run(store, name: str, **kw) -> tuple:
+        e = export(store, tmp_path / f"work-{name}", check_times=True, **kw)
+        return e.spilled, (pq.read_table(e.bullets.path).to_pylist(), e.rejects, e.fingerprint, e.usable, e.records,
+                           e.rejected_without_id)
+
+    store = store_of(rows)
+    assert len(store.partitions()) == 3
+    (held, got), (spilled, again) = (run(store, name, **kw) for name, kw in ways.items())
+    assert (held, spilled) == (False, True) and got == again
+    bullets, rejects, _, usable, records, without_id = got
+    assert (usable, records, without_id) == (27, 30, 1) and sorted(r["reason"][:4] for r in rejects) == ["id (", "text", "text"]
+    keys = [(b["conversation_id"], b["memprune_time"], b["bullet_id"]) for b in bullets]
+    assert keys == sorted(keys)
+    assert sum(b["memprune_pin"] for b in bullets) == 6 and all(b["time"] for b in bullets)
+    for bad, why in ((dict(rows[29], memory="again"), "duplicate id '0030'"), ({**rows[0], "mid": "0031", "at": "soon"},
+                                                                                 "record '0031'")):
+        store = store_of([*rows[:29], bad, rows[29]])  # the bad record in the CSV file: Ray reads it when spilled
+        errors = []
+        for name, kw in ways.items():
+            with pytest.raises(StoreError) as err:
+                export(store, tmp_path / f"bad-{name}", check_times=True, **kw)
+            errors.append(str(err.value))
+        assert errors[0] == errors[1] and why in errors[0] and "\n" not in errors[0], errors
+
+
 def _raw_rows(store, group: str) -> pa.Table:
     return pa.Table.from_batches([b for part in store.raw_group(group) for b in part()])
 

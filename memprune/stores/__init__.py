@@ -8,7 +8,8 @@
 - `base`: the `Store` interface, the normal form (id, text, group, time, hash, reject), the registry of
   kinds (`@register`: `open_store`, `split_input`, and the one restorer `restore_into`).
 - `table` (+ `records`: record-exact CSV/JSONL), `lance_store`, `mem0_store`: the three built-in kinds.
-- `export`: the store -> Ray Data (one read task per partition) -> sorted bullets layout + fingerprint.
+- `export`: the store -> normal form (held in memory up to 200k usable rows, else spilled to Parquet and Ray Data
+  read tasks, one per partition left) -> sorted bullets layout + fingerprint.
 - `apply`: the changed-store check, the archive, the deletes / flags.
 - `stage`: `run(cfg)` (what `memprune prune` and `jobs/prune.py` call: a bullets path goes to
   `memprune.prune.run`, `KIND:LOCATION` to `run_prune`: export -> prune -> decide -> apply), `run_score(cfg)`.

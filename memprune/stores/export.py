@@ -1,15 +1,21 @@
-"""Read a store into memprune's bullets layout, partitioned on Ray Data, and fingerprint it.
+"""Read a store into memprune's bullets layout and fingerprint it.
 
-1. normal form: each partition of the store (a Ray Data read task per partition, `StoreDatasource`;
-   a store of one partition (a single file) and stores that allow one reader only, like a local Qdrant,
-   stream on the driver) -> Parquet;
-2. one streaming pass on the driver: rejects (counted, with their reasons), duplicate ids, the
-   fingerprint (count + order-free sum of per-record hashes of id and text);
-3. Ray Data: usable rows -> bullets columns (`bullet_id`=id, `conversation_id`=group, `time` (with
+1. read: the store's partitions in the normal form, streamed on the driver, while the usable rows number at most
+   `sort_in_memory` (200k): they are held in one in-memory table, with no copy written and read again and no Ray
+   task to start. Past that many (a big store never has to fit in driver memory), the rows held are written to
+   normal-form Parquet under `work/normal`, the partition being read goes on there, and the partitions left are
+   read by Ray Data read tasks, one per partition (`StoreDatasource`; a store that allows one reader only, like a
+   local Qdrant, and the last partition stream on the driver to the end);
+2. the scan, on the driver as the batches come (the Parquet written by Ray's read tasks: after them): rejects (counted,
+   with their reasons), duplicate ids, the fingerprint (count + order-free sum of per-record hashes of id and
+   text), the pin and time checks;
+3. usable rows -> bullets columns (`bullet_id`=id, `conversation_id`=group, `time` (with
    `check_times`: the store's time in epoch seconds, null when empty: what retention and expiry read), `memprune_pin` (`--map pin=COL` as a boolean:
    the job's `rule.pin_field`), plus `memprune_time`, `memprune_hash`) -> sort by (group, time, id) ->
-   Parquet for `memprune prune` (up to `sort_in_memory` rows one pyarrow sort on the driver, beyond that
-   the Ray Data sort).
+   Parquet under `work/bullets` for `memprune prune` (held rows: one pyarrow sort on the driver; spilled: the Ray
+   Data sort of the normal-form Parquet).
+
+Either way the same records give the same bullets, rejects, fingerprint and errors.
 
 With `check_times` (the rule forgets or expires) every usable record's time must parse as
 `memprune.prune.lifecycle` parses times; a pin value must be true/false/1/0 (or null). Either is one
@@ -101,6 +107,7 @@ class Export:
     rejected_without_id: int = 0
     fingerprint: str = ""
     timing: dict[str, float] = field(default_factory=dict)
+    spilled: bool = False  # more usable rows than `sort_in_memory`: read through normal-form Parquet, Ray Data sort
 
 
 def store_times(values: pa.Array | pa.ChunkedArray, column: str, ids: list[Any]) -> np.ndarray:
@@ -147,12 +154,63 @@ def _parquet_files(directory: Location) -> list[Location]:
     return [directory / n for n in sorted(directory.files()) if n.endswith(".parquet") and "/" not in n]
 
 
+@dataclass
+class _Scan:
+    """The driver's pass over normal-form batches, in read order: rejects, duplicate ids, the fingerprint, pin and
+    time checks (`check_lives`); `add` takes a batch with at least id, hash, reject, group, time and pin."""
+
+    store: Store
+    check_times: bool
+    count: int = 0
+    usable: int = 0
+    key: int = 0
+    without_id: int = 0
+    pins: int = 0
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    id_hashes: list[np.ndarray] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, batch: pa.RecordBatch | pa.Table) -> None:
+        t0 = time.perf_counter()
+        self.pins += check_lives(self.store, batch, self.check_times)
+        ids, hashes = batch.column("id").to_pylist(), batch.column("hash").to_pylist()
+        keep = [i is not None and i != "" for i in ids]
+        self.without_id += len(ids) - sum(keep)
+        kept_ids = [i for i, k in zip(ids, keep) if k]
+        self.key = (self.key + record_key(kept_ids, [h for h, k in zip(hashes, keep) if k])) % 2**64
+        self.count += len(kept_ids)
+        self.id_hashes.append(pd.util.hash_array(np.asarray(kept_ids, dtype=object)))
+        for i, r, g in zip(ids, batch.column("reject").to_pylist(), batch.column("group").to_pylist()):
+            if r is not None:
+                self.rejects.append({"id": i, "group": g, "reason": r})
+            else:
+                self.usable += 1
+        self.seconds += time.perf_counter() - t0
+
+    def finish(self, ids: Callable[[], Iterator[pa.Array | pa.ChunkedArray]]) -> None:
+        """Raise a `StoreError` for a duplicate id (`ids`: every id column read again, to name it) or a pin key no
+        record of a schemaless store has."""
+        t0 = time.perf_counter()
+        hashes_all = np.concatenate(self.id_hashes) if self.id_hashes else np.zeros(0, np.uint64)
+        uniq, counts = np.unique(hashes_all, return_counts=True)
+        if (counts > 1).any():
+            dup = uniq[counts > 1][:1]
+            for column in ids():
+                named = [i for i in column.to_pylist() if i]
+                hit = np.flatnonzero(np.isin(pd.util.hash_array(np.asarray(named, dtype=object)), dup))
+                if len(hit):
+                    raise StoreError(f"{self.store.where}: duplicate id {named[hit[0]]!r} (column "
+                                     f"{self.store.fields['id']!r}); every record needs its own id to get one decision")
+        if "pin" in self.store.fields and self.store.schemaless and self.count and not self.pins:
+            raise StoreError(f"{self.store.where}: --map pin={self.store.fields['pin']}: no record has the key "
+                             f"{self.store.fields['pin']!r}; nothing was changed")
+        self.seconds += time.perf_counter() - t0
+
+
 def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float = 0.1, sort_in_memory: int = 200_000,
            check_times: bool = False) -> Export:
     """Read `store` into `work/bullets/` (sorted bullets layout) with rejects and fingerprint; see the module doc.
     `work` is a local directory or a prefix on object storage (the Ray Data tasks write there directly)."""
-    import ray
-
     work = location(work)
     work.delete()
     normal, bullets = work / "normal", work / "bullets"
@@ -161,59 +219,55 @@ def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float
             d.fs.create_dir(d.path, recursive=True)
     timing: dict[str, float] = {}
     t0 = time.perf_counter()
+    scan = _Scan(store, check_times)
     parts = store.partitions() if store.parallel else [store.read]
-    if len(parts) > 1:  # one Ray Data read task per partition
-        ray.data.read_datasource(store_datasource(store, parts), num_cpus=io_cpus).write_parquet(
+    held: list[pa.RecordBatch] | None = []  # the usable rows while they fit in memory (None: spilled)
+    spill = normal / "part-driver.parquet"
+    writer: pq.ParquetWriter | None = None
+    rest: list[Callable[[], Iterator[pa.RecordBatch]]] = []
+    for k, part in enumerate(parts):
+        if writer is not None and len(parts) - k > 1:  # spilled: the partitions left go to Ray Data read tasks
+            rest = parts[k:]
+            break
+        for batch in part():
+            scan.add(batch)
+            if writer is not None:
+                writer.write_batch(batch)
+                continue
+            held.append(batch.filter(pc.is_null(batch.column("reject"))))
+            if scan.usable > sort_in_memory:  # too many for the driver: spill what it holds, stream the rest
+                writer = pq.ParquetWriter(spill.path, NORMAL, filesystem=spill.fs)
+                for b in held:
+                    writer.write_batch(b)
+                held = None
+    if writer is not None:
+        writer.close()
+    if rest:
+        import ray
+
+        ray.data.read_datasource(store_datasource(store, rest), num_cpus=io_cpus).write_parquet(
             normal.path, filesystem=normal.fs, ray_remote_args={"num_cpus": io_cpus})
-    else:  # one reader only, or one partition (a task would read it alone, after starting a worker): here
-        with pq.ParquetWriter((normal / "part-00000.parquet").path, NORMAL, filesystem=normal.fs) as writer:
-            for part in parts:
-                for batch in part():
-                    writer.write_batch(batch)
-    timing["read_s"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    files = _parquet_files(normal)
-    count, usable, key, without_id = 0, 0, 0, 0
-    rejects: list[dict[str, Any]] = []
-    id_hashes: list[np.ndarray] = []
-    pins = 0
+    timing["read_s"] = time.perf_counter() - t0 - scan.seconds
+    files = [f for f in _parquet_files(normal) if f.name != spill.name]  # what Ray Data wrote: not scanned yet
     for f in files:
         columns = ["id", "hash", "reject", "group", "time", "pin"]
         for batch in pq.ParquetFile(f.path, filesystem=f.fs).iter_batches(columns=columns, batch_size=65_536):
-            pins += check_lives(store, batch, check_times)
-            ids, hashes, reject = batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()
-            keep = [i is not None and i != "" for i in ids]
-            without_id += len(ids) - sum(keep)
-            kept_ids = [i for i, k in zip(ids, keep) if k]
-            key = (key + record_key(kept_ids, [h for h, k in zip(hashes, keep) if k])) % 2**64
-            count += len(kept_ids)
-            id_hashes.append(pd.util.hash_array(np.asarray(kept_ids, dtype=object)))
-            for i, r, g in zip(ids, reject, batch.column(3).to_pylist()):
-                if r is not None:
-                    rejects.append({"id": i, "group": g, "reason": r})
-                else:
-                    usable += 1
-    hashes_all = np.concatenate(id_hashes) if id_hashes else np.zeros(0, np.uint64)
-    uniq, counts = np.unique(hashes_all, return_counts=True)
-    if (counts > 1).any():
-        dup = set(uniq[counts > 1][:1].tolist())
-        for f in files:
-            ids = pq.read_table(f.path, columns=["id"], filesystem=f.fs).column(0).to_pylist()
-            for i in ids:
-                if i and int(pd.util.hash_array(np.asarray([i], dtype=object))[0]) in dup:
-                    raise StoreError(f"{store.where}: duplicate id {i!r} (column {store.fields['id']!r}); "
-                                     "every record needs its own id to get one decision")
-    if "pin" in store.fields and store.schemaless and count and not pins:
-        raise StoreError(f"{store.where}: --map pin={store.fields['pin']}: no record has the key "
-                         f"{store.fields['pin']!r}; nothing was changed")
-    timing["scan_s"] = time.perf_counter() - t1
+            scan.add(batch)
+    if held is not None:
+        rejected = pa.array([r["id"] for r in scan.rejects], pa.string())
+        scan.finish(lambda: iter([*(b.column("id") for b in held), rejected]))
+    else:
+        scan.finish(lambda: (pq.read_table(f.path, columns=["id"], filesystem=f.fs).column(0)
+                             for f in [spill, *files] if f.exists()))
+    timing["scan_s"] = scan.seconds
     t2 = time.perf_counter()
-    if usable and usable <= sort_in_memory:  # small enough: one driver-side sort beats a distributed one
-        table = to_bullets(pa.concat_tables([pq.read_table(f.path, schema=NORMAL, filesystem=f.fs) for f in files]),
-                           check_times)
+    if held is not None and scan.usable:  # small enough: one driver-side sort beats a distributed one
+        table = to_bullets(pa.Table.from_batches(held, schema=NORMAL), check_times)
         pq.write_table(table.sort_by([(k, "ascending") for k in SORT_KEYS]), (bullets / "part-00000.parquet").path,
                        filesystem=bullets.fs)
-    elif usable:
+    elif scan.usable:
+        import ray
+
         ds = ray.data.read_parquet(normal.path, filesystem=normal.fs, ray_remote_args={"num_cpus": io_cpus})
         ds = ds.map_batches(functools.partial(to_bullets, times=check_times), batch_format="pyarrow", batch_size=None,
                             num_cpus=io_cpus)
@@ -222,7 +276,8 @@ def export(store: Store, work: str | os.PathLike[str] | Location, io_cpus: float
     else:
         pq.write_table(STAGED.empty_table(), (bullets / "part-00000.parquet").path, filesystem=bullets.fs)
     timing["sort_s"] = time.perf_counter() - t2
-    return Export(bullets, count + without_id, usable, rejects, without_id, fingerprint(count, key), timing)
+    return Export(bullets, scan.count + scan.without_id, scan.usable, scan.rejects, scan.without_id,
+                  fingerprint(scan.count, scan.key), timing, spilled=held is None)
 
 
 def _rename_in_order(directory: Location) -> None:

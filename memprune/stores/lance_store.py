@@ -1,6 +1,7 @@
 """The `lance` store: a Lance dataset, e.g. a LanceDB table directory (`DB/NAME.lance`).
 
-Each fragment is a partition (read by its own Ray Data task). Deletes and field updates are
+Each fragment is a partition (read on the driver, or by its own Ray Data task for a dataset past the export's
+in-memory limit). Deletes and field updates are
 Lance transactions (each one atomic, a new dataset version); restore appends the archived rows.
 The location may be a storage URI (`lance:s3://b/mem.lance`): Lance reads it with its own client, given
 the endpoint, region and keys of the standard environment (`memprune.storage.object_store_options`).

@@ -1,7 +1,8 @@
 """The `table` store: Parquet, JSONL or CSV files (or a directory of them) with a column mapping.
 
 The location is a local path or a storage URI (`s3://b/mem.csv`, `s3://b/mem/`; `memprune.storage`): each
-file is read where it lives through its filesystem (a Ray Data read task per file), never copied first.
+file is read where it lives through its filesystem (a Parquet file: only the mapped columns; on the driver, or a
+Ray Data read task per file for a store past `export`'s in-memory limit), never copied first.
 Each file is a partition. A write changes only the records it names and nothing else: CSV and
 JSONL files are edited record by record in their own text (`memprune.stores.records`: no type
 inference, no re-serialisation), Parquet files are filtered with their own schema and codec. Every
@@ -105,20 +106,28 @@ def _text_batches(path: Location, fields: dict[str, str]) -> Iterator[pa.RecordB
         yield pa.RecordBatch.from_pydict({k: pa.array(v, pa.string()) for k, v in cols.items()})
 
 
+def _mapped(names: Sequence[str], fields: dict[str, str]) -> list[str]:
+    """The columns of `names` that `fields` maps (what a read needs: a Parquet read projects on them)."""
+    return [c for c in dict.fromkeys(fields.values()) if c in names]
+
+
 def _batches(path: Location, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
-    """Stream a file's records (Parquet in batches with its own types; CSV and JSONL as text)."""
+    """Stream a file's mapped columns (Parquet in batches with its own types, only those columns read; CSV and JSONL
+    as text)."""
     if _format(path) != "parquet":
         yield from _text_batches(path, fields)
         return
     try:
-        yield from _parquet_file(path).iter_batches(batch_size=BATCH)
+        file = _parquet_file(path)
+        yield from file.iter_batches(batch_size=BATCH, columns=_mapped(file.schema_arrow.names, fields))
     except (pa.ArrowInvalid, OSError) as exc:
         raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
 
 def _group_batches(path: Location, fields: dict[str, str], group: str) -> Iterator[pa.RecordBatch]:
-    """The records of one group: a Parquet file filtered by the reader (row groups whose statistics exclude it are
-    skipped) where its group column is text or integers; a CSV or JSONL file read whole (filtered after)."""
+    """The records of one group (mapped columns): a Parquet file filtered by the reader (row groups whose statistics
+    exclude it are skipped) where its group column is text or integers; a CSV or JSONL file read whole (filtered
+    after)."""
     if _format(path) != "parquet":
         yield from _text_batches(path, fields)
         return
@@ -126,7 +135,7 @@ def _group_batches(path: Location, fields: dict[str, str], group: str) -> Iterat
 
     try:
         data = pads.dataset(path.path, format="parquet", filesystem=path.fs)
-        column = fields["group"]
+        column, columns = fields["group"], _mapped(data.schema.names, fields)
         kind = data.schema.field(column).type
         if pa.types.is_integer(kind):
             if not INTEGER.fullmatch(group):
@@ -135,9 +144,9 @@ def _group_batches(path: Location, fields: dict[str, str], group: str) -> Iterat
         elif any(f(kind) for f in STRINGS):
             value = group
         else:
-            yield from data.to_batches(batch_size=BATCH)
+            yield from data.to_batches(columns=columns, batch_size=BATCH)
             return
-        yield from data.to_batches(filter=pads.field(column) == value, batch_size=BATCH)
+        yield from data.to_batches(columns=columns, filter=pads.field(column) == value, batch_size=BATCH)
     except (pa.ArrowInvalid, OSError) as exc:
         raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
 
