@@ -506,9 +506,9 @@ def test_a_ray_that_cannot_start_is_one_line(scorer_dir, msc_small, tmp_path) ->
     assert not (tmp_path / "o").exists()
 
 
-def test_a_store_of_several_files_read_by_ray_tasks_equals_the_same_records_read_here(ray_local, tmp_path) -> None:
-    """Export reads a store of several partitions with one Ray Data task each, and a store of one partition on the
-    driver: the same records give the same bullets, rejects and fingerprint either way."""
+def test_a_store_of_several_files_equals_the_same_records_in_one_file(ray_local, tmp_path) -> None:
+    """The same records as one file or spread over three give the same bullets, rejects and fingerprint (the
+    Ray-task read past `sort_in_memory`: the test below)."""
     from memprune.stores.base import open_store
     from memprune.stores.export import export
 
