@@ -53,12 +53,26 @@ def _node_args(ports: list[int], workers: tuple[int, int]) -> list[str]:
             f"--min-worker-port={workers[0]}", f"--max-worker-port={workers[1]}"]
 
 
-def _alive_nodes(address: str) -> int:
-    script = ("import ray; ray.init(address=%r, log_to_driver=False); "
-              "print(sum(1 for n in ray.nodes() if n['Alive']))" % address)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else 0
+def _nodes_up(address: str, nodes: int, head: subprocess.Popen, worker: subprocess.Popen, deadline: float) -> bool:
+    """Whether `nodes` nodes are alive before `deadline`: one driver connects and polls `ray.nodes()` (a fresh
+    interpreter per probe costs seconds on a loaded machine); a failed connection (the head not up yet) is retried."""
+    script = ("import sys, time, ray; ray.init(address=%r, log_to_driver=False)\n"
+              "while sum(1 for n in ray.nodes() if n['Alive']) < %d:\n"
+              "    if time.monotonic() > %r: sys.exit(1)\n"
+              "    time.sleep(0.5)" % (address, nodes, deadline))  # CLOCK_MONOTONIC: one clock for all processes
+    while time.monotonic() < deadline:
+        probe = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        while probe.poll() is None and head.poll() is None and worker.poll() is None and time.monotonic() < deadline + 30:
+            time.sleep(0.5)
+        if probe.poll() is None:  # a node process died, or the connection hangs: stop waiting
+            probe.kill()
+            probe.wait()
+            return False
+        if probe.returncode == 0:
+            return True
+        time.sleep(1)
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +103,9 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
                               env={**env, "MEMPRUNE_CACHE_DIR": str(private / "cache")})
     address = f"127.0.0.1:{gcs}"
     try:
-        deadline = time.monotonic() + 180
-        while _alive_nodes(address) < 2:
-            if head.poll() is not None or worker.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
-                            f"{(logs / 'worker.log').read_text()[-1500:]}")
-            time.sleep(2)
+        if not _nodes_up(address, 2, head, worker, time.monotonic() + 180):
+            pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
+                        f"{(logs / 'worker.log').read_text()[-1500:]}")
         yield address, worker, private, f"http://127.0.0.1:{dashboard}"
     finally:
         _stop(worker)
