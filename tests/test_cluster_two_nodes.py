@@ -93,22 +93,26 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
                              f"--ray-client-server-port={ports[12]}", *_node_args(ports[:6], (20000, 20999))],
                             stdout=head_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    # the worker node: its own mount namespace, a fresh tmpfs over the tests' files (its session dir and only disk)
-    inner = " ".join([f"exec {BIN / 'ray'} start --address=127.0.0.1:{gcs}", f"--temp-dir={private / 'ray'}",
-                      f"--labels={WORKER_LABEL}",
-                      *_node_args(ports[6:12], (21000, 21999))])
-    worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                               f"mount -t tmpfs -o size=4g tmpfs {private} && {inner}"],
-                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**env, "MEMPRUNE_CACHE_DIR": str(private / "cache")})
-    address = f"127.0.0.1:{gcs}"
+    address, worker = f"127.0.0.1:{gcs}", None
     try:
-        if not _nodes_up(address, 2, head, worker, time.monotonic() + 180):
+        deadline = time.monotonic() + 180
+        # the worker node joins once the head is registered (`ray start --address` earlier fails on a loaded machine:
+        # "No node info found for head node in GCS")
+        if _nodes_up(address, 1, head, head, deadline):
+            # its own mount namespace, a fresh tmpfs over the tests' files (its session dir and only disk)
+            inner = " ".join([f"exec {BIN / 'ray'} start --address={address}", f"--temp-dir={private / 'ray'}",
+                              f"--labels={WORKER_LABEL}", *_node_args(ports[6:12], (21000, 21999))])
+            worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                       f"mount -t tmpfs -o size=4g tmpfs {private} && {inner}"],
+                                      stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env={**env, "MEMPRUNE_CACHE_DIR": str(private / "cache")})
+        if worker is None or not _nodes_up(address, 2, head, worker, deadline):
             pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
                         f"{(logs / 'worker.log').read_text()[-1500:]}")
         yield address, worker, private, f"http://127.0.0.1:{dashboard}"
     finally:
-        _stop(worker)
+        if worker is not None:
+            _stop(worker)
         _stop(head)
         head_log.close()
         worker_log.close()
