@@ -53,12 +53,26 @@ def _node_args(ports: list[int], workers: tuple[int, int]) -> list[str]:
             f"--min-worker-port={workers[0]}", f"--max-worker-port={workers[1]}"]
 
 
-def _alive_nodes(address: str) -> int:
-    script = ("import ray; ray.init(address=%r, log_to_driver=False); "
-              "print(sum(1 for n in ray.nodes() if n['Alive']))" % address)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    return int(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else 0
+def _nodes_up(address: str, nodes: int, head: subprocess.Popen, worker: subprocess.Popen, deadline: float) -> bool:
+    """Whether `nodes` nodes are alive before `deadline`: one driver connects and polls `ray.nodes()` (a fresh
+    interpreter per probe costs seconds on a loaded machine); a failed connection (the head not up yet) is retried."""
+    script = ("import sys, time, ray; ray.init(address=%r, log_to_driver=False)\n"
+              "while sum(1 for n in ray.nodes() if n['Alive']) < %d:\n"
+              "    if time.monotonic() > %r: sys.exit(1)\n"
+              "    time.sleep(0.5)" % (address, nodes, deadline))  # CLOCK_MONOTONIC: one clock for all processes
+    while time.monotonic() < deadline:
+        probe = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        while probe.poll() is None and head.poll() is None and worker.poll() is None and time.monotonic() < deadline + 30:
+            time.sleep(0.5)
+        if probe.poll() is None:  # a node process died, or the connection hangs: stop waiting
+            probe.kill()
+            probe.wait()
+            return False
+        if probe.returncode == 0:
+            return True
+        time.sleep(1)
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -79,25 +93,26 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
                              f"--ray-client-server-port={ports[12]}", *_node_args(ports[:6], (20000, 20999))],
                             stdout=head_log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    # the worker node: its own mount namespace, a fresh tmpfs over the tests' files (its session dir and only disk)
-    inner = " ".join([f"exec {BIN / 'ray'} start --address=127.0.0.1:{gcs}", f"--temp-dir={private / 'ray'}",
-                      f"--labels={WORKER_LABEL}",
-                      *_node_args(ports[6:12], (21000, 21999))])
-    worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                               f"mount -t tmpfs -o size=4g tmpfs {private} && {inner}"],
-                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**env, "MEMPRUNE_CACHE_DIR": str(private / "cache")})
-    address = f"127.0.0.1:{gcs}"
+    address, worker = f"127.0.0.1:{gcs}", None
     try:
         deadline = time.monotonic() + 180
-        while _alive_nodes(address) < 2:
-            if head.poll() is not None or worker.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
-                            f"{(logs / 'worker.log').read_text()[-1500:]}")
-            time.sleep(2)
+        # the worker node joins once the head is registered (`ray start --address` earlier fails on a loaded machine:
+        # "No node info found for head node in GCS")
+        if _nodes_up(address, 1, head, head, deadline):
+            # its own mount namespace, a fresh tmpfs over the tests' files (its session dir and only disk)
+            inner = " ".join([f"exec {BIN / 'ray'} start --address={address}", f"--temp-dir={private / 'ray'}",
+                              f"--labels={WORKER_LABEL}", *_node_args(ports[6:12], (21000, 21999))])
+            worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                       f"mount -t tmpfs -o size=4g tmpfs {private} && {inner}"],
+                                      stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env={**env, "MEMPRUNE_CACHE_DIR": str(private / "cache")})
+        if worker is None or not _nodes_up(address, 2, head, worker, deadline):
+            pytest.fail(f"the two-node cluster did not come up: {(logs / 'head.log').read_text()[-1500:]} "
+                        f"{(logs / 'worker.log').read_text()[-1500:]}")
         yield address, worker, private, f"http://127.0.0.1:{dashboard}"
     finally:
-        _stop(worker)
+        if worker is not None:
+            _stop(worker)
         _stop(head)
         head_log.close()
         worker_log.close()

@@ -261,9 +261,12 @@ def test_memory_pruner_raw_vs_calibrated(calibrated_dir, scorer_dir, corpus):
 
 @pytest.mark.slow  # a Ray Data job of 20 s or more
 def test_shuffle_path_for_interleaved_groups(ray_local, scorer_dir, store, corpus, pruner, tmp_path):
-    """group_by speaker: a speaker's bullets interleave across sessions, so the job must shuffle."""
-    summary = _job(scorer_dir, store, tmp_path, group_by="speaker", actors=1)
+    """group_by speaker: a speaker's bullets interleave across sessions, so the job must shuffle (here through the
+    distributed `Dataset.sort`, as on a store above `sort_in_memory` rows; test_prune_job_policies.py runs the
+    driver-side sort of a small store)."""
+    summary = _job(scorer_dir, store, tmp_path, group_by="speaker", actors=1, sort_in_memory=0)
     assert summary["grouping"]["mode"] == "shuffle" and not summary["grouping"]["contiguous"]
+    assert summary["grouping"]["sort"] == "distributed"
     got = read_pruned(tmp_path)
     assert got.num_rows == corpus.num_rows
     assert sorted(got["bullet_id"].to_pylist()) == sorted(corpus["bullet_id"].to_pylist())

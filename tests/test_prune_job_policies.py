@@ -72,7 +72,7 @@ def test_fraction_shuffle_split_then_restore_gives_back_the_input(ray_local, sco
     assert summary["rule"]["policy"] == "fraction" and summary["rule"]["name"] == rule.name
     # the embeddings travel through the sort to the decision; the sort keeps each conversation (the supersession
     # scope: without the forced shuffle it streams, since conversations are contiguous) in one block
-    assert summary["grouping"]["mode"] == "shuffle"
+    assert summary["grouping"]["mode"] == "shuffle" and summary["grouping"]["sort"] == "driver"  # a small store
     assert "warning:" not in res.output  # fraction keeps at least one bullet of every speaker above the floor
     pruned = read_pruned(out)
     _same_as_memory_pruner(scorer_dir, rule, corpus, _decisions(pruned))

@@ -205,6 +205,9 @@ class PruneSettings(ScoringRuntime):
     )
     sweep_top_k: list[int] = Field(default_factory=lambda: [1, 3, 5], description="extra top-k values reported in prune.json")
     rows_per_file: int = Field(100_000, ge=1, description="minimum rows per output Parquet file")
+    sort_in_memory: int = Field(100_000, ge=0, description="groups not contiguous: up to this many rows, the "
+                                "scored rows are gathered on the driver and decided there as one block instead of "
+                                "a distributed `Dataset.sort` (whose fixed cost dominates small inputs)")
     sort_by_length: bool = Field(True, description="score texts in length order inside a block (less padding)")
     tokenizer: str = Field("encoder", description="token unit: encoder, whitespace, or a tokenizer.json (or its dir)")
     columns: list[str] | None = Field(None, description="extra input columns to carry; null = all")

@@ -5,6 +5,8 @@ shuffle, output in input order. Otherwise (e.g. `group_by: speaker`, whose rows 
 across sessions) the job falls back to one full shuffle: read -> score -> `Dataset.sort(group
 keys)` -> decide per block -> write; the sort's range partitioning puts every group in one
 block (checked at run time: a group seen in two blocks is an error, not a silent mistake).
+Up to `sort_in_memory` rows the scored rows are gathered on the driver instead and decided there
+as one block (the sort's fixed cost of tasks and stages dominates a small input).
 """
 
 from __future__ import annotations
@@ -357,13 +359,17 @@ def run_pipeline(
                               calibrated=calibrated, lives=lives)
         ds = ds.map_batches(**ScoreActor.map_kwargs(score, res, batch_size=None, batch_format="pyarrow",
                                                     blocks=len(plan.blocks)))
-        if shuffle:
-            ds = ds.sort(SORTKEY).map_batches(
-                decide_sorted_block,
-                fn_kwargs={"keys": list(keys), "settings": settings, "tally": tally, "lives": lives,
-                           "scorer": canonical(config.scorer) if config.rule.supersede.on else None},
-                batch_size=None, batch_format="pyarrow", num_cpus=config.io_cpus,
-            )
+        decide = {"keys": list(keys), "settings": settings, "tally": tally, "lives": lives,
+                  "scorer": canonical(config.scorer) if config.rule.supersede.on else None}
+        scored = None
+        if shuffle and plan.rows <= config.sort_in_memory:  # small: decided here, no distributed sort
+            scored = [b if isinstance(b, pa.Table) else pa.Table.from_batches([b])
+                      for b in ds.iter_batches(batch_format="pyarrow", batch_size=None)]
+        if scored:
+            ds = ray.data.from_arrow(decide_sorted_block(pa.concat_tables(scored), **decide))
+        elif shuffle:
+            ds = ds.sort(SORTKEY).map_batches(decide_sorted_block, fn_kwargs=decide, batch_size=None,
+                                              batch_format="pyarrow", num_cpus=config.io_cpus)
         preview = None
         if config.dry_run:
             rate = min(1.0, config.preview_groups / max(plan.runs, 1))
