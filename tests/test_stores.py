@@ -528,6 +528,7 @@ def test_a_store_of_several_files_equals_the_same_records_in_one_file(ray_local,
     assert got["one"] == got["many"] and got["one"][3] == 11 and [r["id"] for r in got["one"][1]] == ["0007"]
 
 
+@pytest.mark.slow  # Ray Data read tasks and the Ray sort of the spilled path
 def test_a_store_of_several_files_decides_the_same_held_in_memory_or_spilled(ray_local, tmp_path) -> None:
     """Issue 25: up to `sort_in_memory` usable rows the export holds the store in memory (no normal-form copy, no Ray
     task); past it the rows held spill to Parquet and the files left are read by Ray Data tasks and sorted by Ray.
