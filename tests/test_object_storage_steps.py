@@ -109,17 +109,26 @@ def test_summarize_reads_sessions_from_s3_commits_there_as_locally_and_resumes_o
     assert (root / "bullets.parquet").read_bytes() == (local / "bullets.parquet").read_bytes()
 
 
+def _locally_and_on_s3(step: str, data: Path, pruned: Path, bucket: str, tmp_path: Path, args: list[str]
+                       ) -> tuple[Location, Path, tuple[str, str, str]]:
+    """`step` on local `data` and `pruned` into TMP/local, then on their copies in `bucket` into BUCKET/STEP; checks
+    both succeed and the committed set has the local run's files. (root of the out URI, the local dir, (data, pruned,
+    out) URIs)."""
+    res = _cli(step, "--data", data, "--pruned", pruned, "--out", tmp_path / "local", *args)
+    assert res.exit_code == 0, res.output
+    out = f"{bucket}/{step}"
+    uris = upload(data, f"{bucket}/data"), upload(pruned, f"{bucket}/pruned"), out
+    res = _cli(step, "--data", uris[0], "--pruned", uris[1], "--out", out, *args)
+    assert res.exit_code == 0, res.output
+    assert set(_committed(out, step)["files"]) == _remote_files(out) == _local_files(tmp_path / "local")
+    return location(out), tmp_path / "local", uris
+
+
 def test_qa_eval_reads_corpus_and_pruned_store_from_s3_and_commits_there_as_locally(
         ray_local, server, bucket: str, locomo: Path, store: Path, tmp_path: Path) -> None:  # noqa: F811
     args = ["--llm-config", _llm_yaml(tmp_path / "llm.yaml", server), "--conditions", "none,all,pruned",
             "--set", "bootstrap.samples=0", "--set", "figures=false", "--set", "progress=false"]
-    res = _cli("qa-eval", "--data", locomo, "--pruned", store, "--out", tmp_path / "local", *args)
-    assert res.exit_code == 0, res.output
-    data, pruned, out = upload(locomo, f"{bucket}/data"), upload(store, f"{bucket}/pruned"), f"{bucket}/qa"
-    res = _cli("qa-eval", "--data", data, "--pruned", pruned, "--out", out, *args)
-    assert res.exit_code == 0, res.output
-    root, local = location(out), tmp_path / "local"
-    assert set(_committed(out, "qa-eval")["files"]) == _remote_files(out) == _local_files(local)
+    root, local, (_, pruned, out) = _locally_and_on_s3("qa-eval", locomo, store, bucket, tmp_path, args)
     assert _table(root / "answers.parquet") == _table(local / "answers.parquet")
     got, want = json.loads((root / "qa.json").read_text()), json.loads((local / "qa.json").read_text())
     assert got["metrics"] == want["metrics"] and got["accounting"] == want["accounting"]
@@ -136,13 +145,7 @@ def test_dialogue_eval_reads_corpus_and_pruned_store_from_s3_and_commits_there_a
     args = ["--llm-config", _llm_yaml(tmp_path / "llm.yaml", server), "--turns", "4", "--conditions",
             "none,all,pruned", *(x for s in ("bertscore.enabled=false", "mauve.enabled=false", "bootstrap.samples=0",
                                              "progress=false") for x in ("--set", s))]
-    res = _cli("dialogue-eval", "--data", corpus, "--pruned", store_dir, "--out", tmp_path / "local", *args)
-    assert res.exit_code == 0, res.output
-    data, pruned, out = upload(corpus, f"{bucket}/data"), upload(store_dir, f"{bucket}/pruned"), f"{bucket}/dialogue"
-    res = _cli("dialogue-eval", "--data", data, "--pruned", pruned, "--out", out, *args)
-    assert res.exit_code == 0, res.output
-    root, local = location(out), tmp_path / "local"
-    assert set(_committed(out, "dialogue-eval")["files"]) == _remote_files(out) == _local_files(local)
+    root, local, (data, _, out) = _locally_and_on_s3("dialogue-eval", corpus, store_dir, bucket, tmp_path, args)
     assert _table(root / "generations.parquet") == _table(local / "generations.parquet")
     got, want = json.loads((root / "dialogue.json").read_text()), json.loads((local / "dialogue.json").read_text())
     assert got["metrics"] == want["metrics"] and got["targets"] == want["targets"] and got["cost"] == want["cost"]
