@@ -382,6 +382,7 @@ def run_pipeline(
             ds.write_parquet(tmp.path, filesystem=tmp.fs, min_rows_per_file=config.rows_per_file,
                              ray_remote_args={"num_cpus": config.io_cpus})
         stats = ray.get(tally.result.remote())
+        stats["sort"] = None if not shuffle else "driver" if scored else "distributed"
         timing = pipeline_timing(t1, now(), stats)
     except Exception as exc:
         user = user_error(exc)  # the memprune error raised inside an actor or task, unwrapped

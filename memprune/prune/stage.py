@@ -333,8 +333,7 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
                                                      "age_unknown": stats.get("age_unknown", 0),
                                                      **{k: stats.get(k, 0) for k in JUDGED if rule.supersede.on}},
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
-                     "sort": None if plan.mode != "shuffle" else "driver" if plan.rows <= config.sort_in_memory
-                     else "distributed",
+                     "sort": stats.get("sort"),
                      "blocks": len(plan.blocks), "scan_s": round(plan.scan_s, 3)},
         "tokenizer": unit_name(config.tokenizer, scorer_info["encoder"]),
         "groups": stats["groups"],
