@@ -27,6 +27,7 @@ only if every section that ran passed, 1 otherwise, 2 without CUDA unless `--tin
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -133,6 +134,20 @@ def wait_gpu_free(limit_s: float = 120.0) -> None:
 def progress(message: str) -> None:
     sys.stdout.write(f"[gpu-check] {message}\n")  # one write: whole lines from the sections' threads
     sys.stdout.flush()
+
+
+def keep_partial(a: dict[str, Any], name: str, figures: dict[str, Any]) -> None:
+    """Save a section's figures so far (NAME.partial.json): a section killed at its budget still reports them."""
+    path = Path(a["out"]) / f"{name}.partial.json"
+    path.with_suffix(".tmp").write_text(json.dumps(figures, indent=2, default=str))
+    path.with_suffix(".tmp").replace(path)
+
+
+def unavailable(name: str) -> str | None:
+    """Why section `name` cannot run on this machine (it is then reported as not measured), or None."""
+    if name == "judge" and importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed"
+    return None
 
 
 # ------------------------------------------------------------------ sections (each runs in a child process)
@@ -291,6 +306,7 @@ def section_prune(a: dict[str, Any]) -> dict[str, Any]:
         jobs.append({**rec, **{k: job[k] for k in ("rows", "actors", "bullets_per_s", "pipeline_s", "overhead_share",
                                                    "peak_tree_pss_mib")}})
         progress(f"prune job {precision}: {job['bullets_per_s']} bullets/s over {job['rows']} bullets")
+        keep_partial(a, "prune", {"bullets": a["bullets"], "encoder": a["encoder"], "jobs": jobs})
     texts = pq.read_table(store / "bullets.parquet", columns=["text"]).column("text").to_pylist()[: a["raw_rows"]]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     raw = raw_bf16_bullets_per_s(str(encoder), texts, a["batch_size"], config.max_length, device)
@@ -357,6 +373,7 @@ def section_train(a: dict[str, Any]) -> dict[str, Any]:
             rec.update(train_once(a, work / precision, precision, [0], cpus))
         runs.append(rec)
         progress(f"train {precision}: stage-2 epoch {runs[-1]['stage2_epoch_s']} s")
+        keep_partial(a, "train", {"conversations": a["conversations"], "sessions": a["sessions"], "runs": runs})
     n, precision = a["seeds"], a["precisions"][0]
     with gpu_sampled({}) as gpu:
         if _cuda():  # memprune gives each stage-2 trainer a whole GPU: one process (own Ray) per seed shares it
@@ -414,8 +431,9 @@ def _cuda() -> bool:
 
 def run_section(name: str, payload: dict[str, Any], out: Path, budget: float) -> dict[str, Any]:
     """Run one section in a child process (its own process group, killed at `budget`); its result or one-line error."""
-    log, result = out / f"{name}.log", out / f"{name}.json"
+    log, result, partial = out / f"{name}.log", out / f"{name}.json", out / f"{name}.partial.json"
     result.unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
     progress(f"{name}: running (budget {budget:.0f} s, log {log})")
     t0 = time.perf_counter()
     with open(log, "w") as fh:
@@ -435,13 +453,17 @@ def run_section(name: str, payload: dict[str, Any], out: Path, budget: float) ->
     marked = [ln[len(MARK):].strip() for ln in lines if ln.startswith(MARK)]
     error = (f"timed out after {budget:.0f} s" if rc is None else marked[-1] if marked
              else next((ln.strip() for ln in reversed(lines) if ln.strip()), f"exit code {rc}"))
-    return {"status": "failed", "error": error[:300], "wall_s": wall, "log": str(log)}
+    failed = {"status": "failed", "error": error[:300], "wall_s": wall, "log": str(log)}
+    return {**failed, "partial": json.loads(partial.read_text())} if partial.is_file() else failed
 
 
 def headline(name: str, r: dict[str, Any]) -> str:
     """One line of a section's main figures."""
+    if r["status"] == "not measured":
+        return f"not measured: {r['error']}"
     if r["status"] != "passed":
-        return f"FAILED: {r['error']} (log {r['log']})"
+        return f"FAILED: {r['error']} (log {r['log']})" + (" (its figures so far: in gpu_check.json, 'partial')"
+                                                             if r.get("partial") else "")
     if name == "judge":
         return (f"{r['best']['pairs_per_s']} pairs/s via memprune (best of {len(r['sweep'])} settings), "
                 f"{r['offline']['pairs_per_s_with_init']} with LLM.generate (engine start included on both: ratio "
@@ -476,8 +498,13 @@ def markdown(report: dict[str, Any]) -> str:
                       "status": status + (" (tiny shapes on CPU)" if report["tiny"] and value is not None else "")})
     md += table(goals, ["goal", "target", "measured", "status"])
     for name, r in s.items():
+        if r["status"] == "not measured":
+            md += [f"## {name}", "", f"not measured: {r['error']}.", ""]
+            continue
         md += [f"## {name}", "", f"{r['status']} in {r['wall_s']} s (log `{r['log']}`)"
                + (f": {r['error']}" if r.get("error") else "."), ""]
+        if r.get("partial"):
+            md += [f"Figures before it stopped: `{json.dumps(r['partial'], default=str)[:1500]}`", ""]
         if r["status"] != "passed":
             continue
         if name == "judge":
@@ -566,7 +593,10 @@ def main() -> int:
     t0 = time.perf_counter()
 
     def section(name: str) -> dict[str, Any]:
-        result = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budget)
+        if (why := unavailable(name)) is not None:
+            result: dict[str, Any] = {"status": "not measured", "error": why, "wall_s": 0.0, "log": None}
+        else:
+            result = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budget)
         progress(f"{name}: {headline(name, result)}")
         return result
 
@@ -575,7 +605,8 @@ def main() -> int:
         sections = dict(zip(args.sections, pool.map(section, args.sections)))
     report = {"mode": "tiny (CPU)" if args.tiny else "full", "tiny": args.tiny, "device": device,
               "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0, 1),
-              "passed": all(r["status"] == "passed" for r in sections.values()), "sizes": sizes, "sections": sections}
+              "passed": all(r["status"] in ("passed", "not measured") for r in sections.values()), "sizes": sizes,
+              "sections": sections}
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (args.out / "gpu_check.md").write_text(markdown(report) + "\n", encoding="utf-8")
     progress(f"{'passed' if report['passed'] else 'FAILED'} in {report['wall_s']} s: {args.out / 'gpu_check.md'}")
