@@ -306,6 +306,13 @@ def section_prune(a: dict[str, Any]) -> dict[str, Any]:
     if not (scorer / "scorer.json").is_file():
         Scorer.build(config, seed=0).save(scorer)
     store = make_store(a["bullets"], work)
+    # the raw loop first (seconds), so that every job's ratio is known as soon as it ends (a budget may stop the rest)
+    texts = pq.read_table(store / "bullets.parquet", columns=["text"]).column("text").to_pylist()[: a["raw_rows"]]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    raw = raw_bf16_bullets_per_s(str(encoder), texts, a["batch_size"], config.max_length, device)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the jobs' GPU memory figures are of the whole device
+    progress(f"prune raw bf16 loop: {raw:.1f} bullets/s over {len(texts)} bullets")
     jobs = []
     for precision in a["precisions"]:
         out = work / f"out-{precision}"
@@ -314,15 +321,11 @@ def section_prune(a: dict[str, Any]) -> dict[str, Any]:
             job = run_child("job", {"scorer": str(scorer), "store": str(store), "out": str(out), "precision": precision,
                                     "batch_size": a["batch_size"], "block_rows": a["block_rows"], "dedup": True})
         jobs.append({**rec, **{k: job[k] for k in ("rows", "actors", "bullets_per_s", "pipeline_s", "overhead_share",
-                                                   "peak_tree_pss_mib")}})
+                                                   "peak_tree_pss_mib")},
+                     "raw_bf16_loop_bullets_per_s": round(raw, 1), "ratio": round(job["bullets_per_s"] / raw, 3)})
         progress(f"prune job {precision}: {job['bullets_per_s']} bullets/s over {job['rows']} bullets")
-        keep_partial(a, "prune", {"bullets": a["bullets"], "encoder": a["encoder"], "jobs": jobs})
-    texts = pq.read_table(store / "bullets.parquet", columns=["text"]).column("text").to_pylist()[: a["raw_rows"]]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    raw = raw_bf16_bullets_per_s(str(encoder), texts, a["batch_size"], config.max_length, device)
-    for job in jobs:
-        job["raw_bf16_loop_bullets_per_s"] = round(raw, 1)
-        job["ratio"] = round(job["bullets_per_s"] / raw, 3)
+        keep_partial(a, "prune", {"bullets": a["bullets"], "encoder": a["encoder"], "raw_rows": len(texts),
+                                  "jobs": jobs})
     bf16 = [j["ratio"] for j in jobs if j["precision"] == "bf16"]
     return {"encoder": a["encoder"], "device": device, "bullets": a["bullets"], "raw_rows": len(texts),
             "batch_size": a["batch_size"], "jobs": jobs, "bf16_ratio": bf16[0] if bf16 else None}
