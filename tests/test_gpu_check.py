@@ -73,17 +73,3 @@ def test_a_bad_budget_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and "no section 'trian'" in lines[0] and not (tmp_path / "gpu_check.json").exists()
-
-
-@pytest.mark.slow
-def test_a_section_past_its_own_budget_is_killed_and_the_others_still_run(tmp_path):
-    """`--budget-s 300 prune=1`: prune is killed at 1 s and recorded as failed with its reason; tests still runs."""
-    out = tmp_path / "check"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--no-parallel", "--out", str(out),
-                           "--sections", "prune", "tests", "--budget-s", "300", "prune=1",
-                           "--set", "tests.paths=[tests/test_scorer.py]"], capture_output=True, text=True, env=_env(), timeout=600)
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    s = json.loads((out / "gpu_check.json").read_text())["sections"]
-    assert s["prune"]["status"] == "failed" and s["prune"]["error"] == "timed out after 1 s"
-    assert s["tests"]["status"] == "passed" and s["tests"]["collected"] >= 2
-    assert "timed out after 1 s" in (out / "gpu_check.md").read_text()
