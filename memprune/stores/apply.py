@@ -104,13 +104,15 @@ def _id_column(store: Store) -> str:
     return store.fields["id"]
 
 
-def archive_records(store: Store, dropped: pa.Table, ids: list[str]) -> pa.Table:
+def archive_records(store: Store, dropped: pa.Table, ids: list[str], group: str | None = None) -> pa.Table:
     """The whole records of `ids` from the store plus the decision columns the archive keeps (`dropped`: id, score,
-    reason[, duplicate_of]))."""
-    parts = [store.fetch(list(part)) for part in chunks(ids, 1024)]
+    reason[, duplicate_of])); `group`: all of them are that group's (`Store.fetch_group`), and one the store no
+    longer holds is left out (removed by someone else while a live apply runs), else it is an error."""
+    parts = [store.fetch(list(part)) if group is None else store.fetch_group(group, list(part))
+             for part in chunks(ids, 1024)]
     records = pa.concat_tables(parts, promote_options="permissive") if parts else store.fetch([])
     idcol = _id_column(store)
-    if records.num_rows != len(ids):
+    if records.num_rows != len(ids) and group is None:
         raise StoreError(f"{store.where}: {len(ids)} dropped record(s) to archive, the store returned {records.num_rows}; "
                          "nothing was changed")
     pos = pc.index_in(records.column(idcol).cast(pa.string()), value_set=dropped.column("id"))

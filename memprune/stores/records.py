@@ -8,6 +8,11 @@ field edits that record's text only. Nothing is ever re-serialised through infer
 like `0003`, zips like `02139`, ISO times and absent keys stay as they were.
 
 Text is decoded as UTF-8 with `surrogateescape`, so any byte sequence survives a rewrite unchanged.
+
+`scan` is the live path's read of one group (`memprune.stores.table`): it walks the file once and parses only the
+records that can match (a JSONL line without a backslash that lacks the group's text cannot hold it, so it is
+never decoded as JSON), keeping those records' positions and where their text starts; `cut` removes records from
+the text by those offsets.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +141,92 @@ def _lines(text: str) -> list[str]:
     parts = text.split("\n")
     lines = [p + "\n" for p in parts[:-1]]
     return lines + [parts[-1]] if parts[-1] else lines
+
+
+@dataclass
+class Found:
+    """A record `scan` kept: its position (as `RecordFile.records` numbers it), where its text starts, its chunk."""
+
+    position: int
+    start: int
+    chunk: Chunk
+
+
+def scan(data: bytes, fmt: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
+         needle: str | None = None) -> tuple[str, list[str], list[Found]]:
+    """The file's text, its columns (CSV: the header; JSONL: the keys of the kept records) and the records `keep`
+    accepts (their fields), in file order, parsing no more than it must: a JSONL line without a backslash that does
+    not contain `needle` (None: every line is parsed) is skipped undecoded, as `keep` could not accept it."""
+    text = data.decode(ENCODING, ERRORS)
+    return (text, *(_scan_csv(text, id_column, keep) if fmt == "csv" else _scan_jsonl(text, id_column, keep, needle)))
+
+
+def csv_header(data: bytes) -> list[str]:
+    """A CSV file's header (its first non-blank record), reading no further."""
+    source = io.StringIO(data.decode(ENCODING, ERRORS), newline="")
+    for cells in csv.reader(iter(source.readline, "")):
+        if cells:
+            return [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
+    return []
+
+
+def _scan_jsonl(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
+                needle: str | None) -> tuple[list[str], list[Found]]:
+    found, columns, start = [], {}, 0
+    for n, line in enumerate(_lines(text), start=1):
+        at, start = start, start + len(line)
+        if needle is not None and needle not in line and "\\" not in line:
+            continue
+        if not line.strip(_WS):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise RecordError(f"line {n}: a JSONL record must be an object, got {type(obj).__name__}")
+        if keep(obj):
+            columns.update(dict.fromkeys(obj))
+            found.append(Found(n - 1, at, Chunk(id_text(obj.get(id_column)) or f"\0line{n}", line, obj)))
+    return list(columns), found
+
+
+def _scan_csv(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[str], list[Found]]:
+    source = io.StringIO(text, newline="")
+    consumed: list[str] = []
+
+    def lines() -> Iterator[str]:
+        for line in iter(source.readline, ""):
+            consumed.append(line)
+            yield line
+
+    header: list[str] | None = None
+    found, start, position = [], 0, 0
+    for n, cells in enumerate(csv.reader(lines()), start=1):
+        raw = "".join(consumed) if len(consumed) > 1 else consumed[0]
+        consumed.clear()
+        at, start = start, start + len(raw)
+        if header is None:
+            if cells:
+                header = [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
+            continue
+        position += 1
+        if not cells:
+            continue
+        row = dict(zip(header, cells))
+        if keep(row):
+            found.append(Found(position - 1, at, Chunk(id_text(row.get(id_column)) or f"\0row{n}", raw, row)))
+    return header or [], found
+
+
+def cut(text: str, gone: Sequence[Found]) -> str:
+    """`text` without the records `gone` (found in this very text by `scan`), every other byte as it was."""
+    parts, at = [], 0
+    for f in sorted(gone, key=lambda f: f.start):
+        parts.append(text[at:f.start])
+        at = f.start + len(f.chunk.text)
+    parts.append(text[at:])
+    return "".join(parts)
 
 
 def without(rf: RecordFile, ids: set[str]) -> RecordFile:
