@@ -645,3 +645,112 @@ def test_a_group_apply_leaves_records_changed_since_the_decision(scorer_dir, tmp
     assert set(read_archive(tmp_path / "archive").records.column("mid").to_pylist()) == set(dropped[2:])
     assert restore(tmp_path / "archive")["restored"] == 3
     assert store_path.read_bytes() == before
+
+
+def _decided(store, group: str, drop: set[str]) -> pa.Table:
+    """`decide_group`'s table for `group` (the real layout, read from the store) with the records of `drop` dropped."""
+    from memprune.stores.group import group_table
+
+    table = group_table(store, group)
+    keep = [i not in drop for i in table.column("bullet_id").to_pylist()]
+    return (table.append_column("score", pa.array([0.5] * table.num_rows, pa.float64()))
+            .append_column("keep", pa.array(keep))
+            .append_column("reason", pa.array([None if k else "below_threshold" for k in keep], pa.string()))
+            .append_column("duplicate_of", pa.nulls(table.num_rows, pa.string())))
+
+
+def _why(done: dict) -> dict[str, str]:
+    return {s["id"]: s["why"] for s in done["skipped"]}
+
+
+WRITER = """
+import json, sys
+path, fmt, edited, gone = sys.argv[1:]
+lines = open(path, encoding="utf-8", newline="").read().splitlines(keepends=True)
+out = []
+for line in lines:
+    if line.startswith(gone + ",") or line.startswith('{"mid": "%s"' % gone):
+        continue
+    if line.startswith(edited + ",") or line.startswith('{"mid": "%s"' % edited):
+        line = line.replace("Memory number", "Edited memory number")
+    out.append(line)
+out.append("m99,Added by the other writer.,ann\\n" if fmt == "csv" else
+           json.dumps({"mid": "m99", "memory": "Added by the other writer.", "user": "ann"}) + "\\n")
+open(path + ".tmp", "w", encoding="utf-8", newline="").write("".join(out))
+import os; os.replace(path + ".tmp", path)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_live_apply_leaves_what_another_process_changes_between_its_check_and_its_delete(tmp_path, fmt) -> None:
+    """Issue 27: after `apply_group` checked the group and committed its archive, a second process (a plain
+    program that knows nothing of memprune's lock) edits one dropped record, deletes another and appends a record.
+    The delete works from the file as it is then: the edited record stays (`changed`), the removed one is reported
+    (`removed`), the appended one stays, only the other dropped records leave; restore gives back exactly those."""
+    from memprune.stores.base import CHANGED, REMOVED, open_store
+    from memprune.stores.group import apply_group
+
+    path = tmp_path / f"mem.{fmt}"
+    rows = [("m%d" % i, f"Memory number {i} of Ann.", "ann" if i < 8 else "ben") for i in range(10)]
+    path.write_text("mid,memory,user\n" + "".join(f"{i},{t},{u}\n" for i, t, u in rows) if fmt == "csv" else
+                    "".join(json.dumps({"mid": i, "memory": t, "user": u}) + "\n" for i, t, u in rows))
+    store = open_store("table", str(path), {"id": "mid", "text": "memory", "group": "user"})
+    drop = {"m1", "m2", "m3", "m4"}
+    decided = _decided(store, "ann", drop)
+
+    def other_writer() -> None:
+        subprocess.run([sys.executable, "-c", WRITER, str(path), fmt, "m1", "m2"], check=True, timeout=60)
+
+    done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+    assert done["deleted"] == 2 and _why(done) == {"m1": CHANGED, "m2": REMOVED}
+    after = path.read_text()
+    left = [ln.split(",")[0] if fmt == "csv" else json.loads(ln)["mid"] for ln in after.splitlines()[fmt == "csv":]]
+    assert left == ["m0", "m1", "m5", "m6", "m7", "m8", "m9", "m99"] and "Edited memory number 1" in after
+    assert restore(tmp_path / "archive")["restored"] == 2  # m3, m4: the archive holds what the apply deleted
+    again = open_store("table", str(path), {"id": "mid", "text": "memory", "group": "user"})
+    assert {r["id"] for b in again.read_group("ann") for r in b.to_pylist()} == \
+        {"m0", "m1", "m3", "m4", "m5", "m6", "m7", "m99"}
+
+
+LOCKED_WRITER = """
+import sys
+import pyarrow as pa
+from memprune.stores.base import open_store
+store = open_store("table", sys.argv[1], {"id": "mid", "text": "memory", "group": "user"})
+print("locking", flush=True)
+store.set_fields(pa.table({"id": ["m0", "m3"], "memprune_note": ["set by the other writer"] * 2}))
+print("done", flush=True)
+"""
+
+
+def test_a_live_apply_holds_memprunes_other_writers_until_its_last_delete(tmp_path) -> None:
+    """Issue 27: a second process writing the same JSONL store through memprune (`set_fields`, as `--apply flag`
+    or a restore would) while `apply_group` runs waits on the store's lock file until the deletes are done, and
+    then works from the file as they left it: neither write is lost."""
+    from memprune.stores.base import open_store
+    from memprune.stores.group import apply_group
+
+    path = tmp_path / "mem.jsonl"
+    path.write_text("".join(json.dumps({"mid": f"m{i}", "memory": f"Memory {i}.", "user": "ann"}) + "\n"
+                            for i in range(6)))
+    store = open_store("table", str(path), {"id": "mid", "text": "memory", "group": "user"})
+    decided = _decided(store, "ann", {"m1", "m2"})
+    procs = []
+
+    def other_writer() -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+        proc = subprocess.Popen([sys.executable, "-c", LOCKED_WRITER, str(path)], stdout=subprocess.PIPE, text=True,
+                                env=env)
+        procs.append(proc)
+        assert proc.stdout.readline() == "locking\n"
+        with pytest.raises(subprocess.TimeoutExpired):  # blocked on the lock this apply holds
+            proc.wait(timeout=2)
+
+    done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+    assert done["deleted"] == 2 and done["skipped"] == []
+    out, _ = procs[0].communicate(timeout=60)
+    assert procs[0].returncode == 0 and out == "done\n"
+    got = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [r["mid"] for r in got] == ["m0", "m3", "m4", "m5"]
+    assert [r.get("memprune_note") for r in got] == ["set by the other writer"] * 2 + [None, None]
+    assert (tmp_path / ".mem.jsonl.memprune-lock").exists()

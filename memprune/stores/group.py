@@ -72,6 +72,7 @@ def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path,
     archive (`apply.diff`: id and text hash, as `memprune prune --apply` checks a decision), on the fetched record
     that goes into the archive, and at the delete itself (`Store.delete_unchanged`: a table file re-read under the
     lock, a Lance delete conditional on id and text, a Mem0 memory re-read just before its delete).
+    The archive is committed before the first delete and, when the delete left some, again with the deleted alone.
     `before_delete`: called once the archive is committed, before the first delete (tests step in here)."""
     dropped = (decided.filter(pc.invert(decided.column("keep"))) if "keep" in decided.column_names
                else decided.slice(0, 0))
@@ -114,7 +115,12 @@ def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path,
         if before_delete is not None:
             before_delete()
         deleted, left = store.delete_unchanged(group, expected)
-    return {"deleted": len(deleted), "archive": str(archive_dir), "skipped": _skipped({**stale, **left})}
+        if left:  # the archive holds what this apply deleted, not what another writer changed or removed meanwhile
+            write_archive(archive_dir, records.filter(pc.is_in(records.column(idcol).cast(pa.string()),
+                                                               pa.array(deleted, pa.string()))),
+                          id_column=idcol, store=store.describe(), fingerprint=key)
+    return {"deleted": len(deleted), "archive": str(archive_dir) if deleted else None,
+            "skipped": _skipped({**stale, **left})}
 
 
 def _skipped(stale: dict[str, str]) -> list[dict[str, str]]:
