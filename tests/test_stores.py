@@ -754,3 +754,90 @@ def test_a_live_apply_holds_memprunes_other_writers_until_its_last_delete(tmp_pa
     assert [r["mid"] for r in got] == ["m0", "m3", "m4", "m5"]
     assert [r.get("memprune_note") for r in got] == ["set by the other writer"] * 2 + [None, None]
     assert (tmp_path / ".mem.jsonl.memprune-lock").exists()
+
+
+LANCE_WRITER = """
+import sys, lance
+ds = lance.dataset(sys.argv[1])
+ds.update({"text": "'Edited by the other writer.'"}, where="id = 'm1'")
+lance.dataset(sys.argv[1]).delete("id = 'm2'")
+"""
+
+
+def test_a_live_lance_delete_is_conditional_on_id_and_text(tmp_path) -> None:
+    """Issue 27: a second process updates one dropped record of a Lance dataset and deletes another after
+    `apply_group`'s check: the delete (`id = X AND text = T`) leaves the updated one (`changed`), reports the
+    removed one, deletes the rest; restore gives back exactly those."""
+    import lance
+
+    from memprune.stores.base import CHANGED, REMOVED, open_store
+    from memprune.stores.group import apply_group
+
+    texts = [f"Memory {i} of Ann, who's 'quoted'." for i in range(6)]
+    lance.write_dataset(pa.table({"id": [f"m{i}" for i in range(6)], "text": texts, "user": ["ann"] * 5 + ["bo"]}),
+                        str(tmp_path / "mem.lance"))
+    store = open_store("lance", str(tmp_path / "mem.lance"), {"group": "user"})
+    decided = _decided(store, "ann", {"m1", "m2", "m3", "m4"})
+
+    def other_writer() -> None:
+        subprocess.run([sys.executable, "-c", LANCE_WRITER, str(tmp_path / "mem.lance")], check=True, timeout=120)
+
+    done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+    assert done["deleted"] == 2 and _why(done) == {"m1": CHANGED, "m2": REMOVED}
+    now = lance.dataset(str(tmp_path / "mem.lance")).to_table().sort_by("id")
+    assert now.column("id").to_pylist() == ["m0", "m1", "m5"]
+    assert now.column("text").to_pylist()[1] == "Edited by the other writer."
+    assert restore(tmp_path / "archive")["restored"] == 2
+    assert lance.dataset(str(tmp_path / "mem.lance")).to_table().sort_by("id").column("id").to_pylist() == \
+        ["m0", "m1", "m3", "m4", "m5"]
+
+
+@pytest.mark.slow
+def test_a_live_mem0_delete_rechecks_each_memory(tmp_path, minilm_path) -> None:
+    """Issue 27: while `apply_group` runs on a real Mem0 store, another thread (sharing the Mem0 client, as a local
+    Qdrant allows one) updates one dropped memory and deletes another: each memory is read again right before its
+    delete, so the updated one stays (`changed`), the deleted one is reported (`removed`), the rest are deleted;
+    restore gives back exactly those."""
+    import threading
+
+    from memprune.stores.base import CHANGED, REMOVED
+    from memprune.stores.group import apply_group
+    from memprune.stores.mem0_store import Mem0Store
+
+    config = _mem0_config(tmp_path, minilm_path)
+    memory = _memory(config)
+    try:
+        for text in USERS["alice"][2:] + USERS["bob"][:2]:
+            memory.add([{"role": "user", "content": text}], user_id="alice" if text in USERS["alice"] else "bob",
+                       infer=False)
+        ids = {r["memory"]: r["id"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=100)["results"]}
+        store = Mem0Store(str(config), memory=memory)
+        edited, gone = ids["ok"], ids["lol"]
+        drop = {edited, gone, ids["Alice works night shifts as a nurse."]}
+        decided = _decided(store, "alice", drop)
+
+        def other_writer() -> None:
+            def write() -> None:
+                memory.update(edited, "Alice now works day shifts.")
+                memory.delete(gone)
+            thread = threading.Thread(target=write)
+            thread.start()
+            thread.join(timeout=120)
+
+        done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+        assert done["deleted"] == 1 and _why(done) == {edited: CHANGED, gone: REMOVED}
+        left = {r["id"]: r["memory"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=100)["results"]}
+        assert left == {edited: "Alice now works day shifts.",
+                        ids["Alice is training for the Berlin marathon in May."]:
+                            "Alice is training for the Berlin marathon in May."}
+        assert restore_to_store(store, tmp_path / "archive") == 1
+        assert set(r["id"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=100)["results"]) == \
+            set(left) | {ids["Alice works night shifts as a nurse."]}
+    finally:
+        _close(memory)
+
+
+def restore_to_store(store, archive: Path) -> int:
+    from memprune.stores.base import restore_to
+
+    return restore_to(store, read_archive(archive))["restored"]
