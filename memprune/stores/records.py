@@ -10,8 +10,8 @@ like `0003`, zips like `02139`, ISO times and absent keys stay as they were.
 Text is decoded as UTF-8 with `surrogateescape`, so any byte sequence survives a rewrite unchanged.
 
 `scan` is the live path's read of one group (`memprune.stores.table`): it walks the file once and parses only the
-records that can match (a JSONL line without a backslash that lacks the group's text cannot hold it, so it is
-never decoded as JSON), keeping those records' positions and where their text starts; `cut` removes records from
+records that can match (a JSONL line without a backslash, or a CSV line without a quote, that lacks the group's text
+cannot hold it, so it is never parsed), keeping those records' positions and where their text starts; `cut` removes records from
 the text by those offsets.
 """
 
@@ -155,10 +155,12 @@ class Found:
 def scan(data: bytes, fmt: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
          needle: str | None = None) -> tuple[str, list[str], list[Found]]:
     """The file's text, its columns (CSV: the header; JSONL: the keys of the kept records) and the records `keep`
-    accepts (their fields), in file order, parsing no more than it must: a JSONL line without a backslash that does
-    not contain `needle` (None: every line is parsed) is skipped undecoded, as `keep` could not accept it."""
+    accepts (their fields), in file order, parsing no more than it must: a JSONL line without a backslash, or a CSV
+    line without a quote, that does not contain `needle` (None: every line is parsed) is skipped unparsed, as `keep`
+    could not accept it."""
     text = data.decode(ENCODING, ERRORS)
-    return (text, *(_scan_csv(text, id_column, keep) if fmt == "csv" else _scan_jsonl(text, id_column, keep, needle)))
+    return (text, *(_scan_csv(text, id_column, keep, needle) if fmt == "csv" else
+                    _scan_jsonl(text, id_column, keep, needle)))
 
 
 def csv_header(data: bytes) -> list[str]:
@@ -191,21 +193,37 @@ def _scan_jsonl(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool
     return list(columns), found
 
 
-def _scan_csv(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool]) -> tuple[list[str], list[Found]]:
-    source = io.StringIO(text, newline="")
+def _scan_csv(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
+              needle: str | None) -> tuple[list[str], list[Found]]:
+    """A line without a quote is a whole record split at its commas (what the csv module makes of it) and, lacking
+    `needle`, skipped; a line with a quote is handed to the csv module with the lines its record spans."""
+    lines = iter(io.StringIO(text, newline="").readline, "")
     consumed: list[str] = []
 
-    def lines() -> Iterator[str]:
-        for line in iter(source.readline, ""):
+    def record(first: str) -> Iterator[str]:
+        consumed.append(first)
+        yield first
+        for line in lines:
             consumed.append(line)
             yield line
 
     header: list[str] | None = None
-    found, start, position = [], 0, 0
-    for n, cells in enumerate(csv.reader(lines()), start=1):
-        raw = "".join(consumed) if len(consumed) > 1 else consumed[0]
-        consumed.clear()
-        at, start = start, start + len(raw)
+    found, start, position, n = [], 0, 0, 0
+    for line in lines:
+        n += 1
+        at = start
+        if '"' in line:
+            consumed.clear()
+            cells = next(csv.reader(record(line)))
+            raw = "".join(consumed)
+        else:
+            raw = line
+            if header is not None and needle is not None and needle not in line:
+                start, position = start + len(raw), position + 1
+                continue
+            body = line.rstrip("\r\n")
+            cells = body.split(",") if body else []
+        start += len(raw)
         if header is None:
             if cells:
                 header = [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
