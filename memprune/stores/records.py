@@ -174,11 +174,8 @@ def csv_header(data: bytes) -> list[str]:
 
 def _scan_jsonl(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
                 needle: str | None) -> tuple[list[str], list[Found]]:
-    found, columns, start = [], {}, 0
-    for n, line in enumerate(_lines(text), start=1):
-        at, start = start, start + len(line)
-        if needle is not None and needle not in line and "\\" not in line:
-            continue
+    found, columns = [], {}
+    for n, at, line in _jsonl_lines(text, needle):
         if not line.strip(_WS):
             continue
         try:
@@ -191,6 +188,30 @@ def _scan_jsonl(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool
             columns.update(dict.fromkeys(obj))
             found.append(Found(n - 1, at, Chunk(id_text(obj.get(id_column)) or f"\0line{n}", line, obj)))
     return list(columns), found
+
+
+def _jsonl_lines(text: str, needle: str | None) -> Iterator[tuple[int, int, str]]:
+    """(1-based line number, start, line) of every line, or (`needle`) of the lines holding `needle` or a backslash
+    only, found by searching the text (no per-line work for the others)."""
+    if needle is None:
+        at = 0
+        for n, line in enumerate(_lines(text), start=1):
+            yield n, at, line
+            at += len(line)
+        return
+    spans = set()
+    for pattern in (needle, "\\"):
+        i = text.find(pattern)
+        while i >= 0:
+            start, end = text.rfind("\n", 0, i) + 1, text.find("\n", i)
+            end = len(text) if end < 0 else end + 1
+            spans.add((start, end))
+            i = text.find(pattern, end)
+    n, last = 1, 0
+    for start, end in sorted(spans):
+        n += text.count("\n", last, start)
+        last = start
+        yield n, start, text[start:end]
 
 
 def _scan_csv(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
