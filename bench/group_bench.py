@@ -112,7 +112,7 @@ def main() -> None:
         for fmt in a.formats:
             source = a.out / f"mem-{n}.{fmt}"
             build(source, fmt, n, a.per_group)
-            work = a.out / f"work-{n}-{fmt}"
+            work = a.out / f"work-{n}-{fmt}-{os.getpid()}"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir()
             path = work / source.name

@@ -10,8 +10,8 @@ like `0003`, zips like `02139`, ISO times and absent keys stay as they were.
 Text is decoded as UTF-8 with `surrogateescape`, so any byte sequence survives a rewrite unchanged.
 
 `scan` is the live path's read of one group (`memprune.stores.table`): it walks the file once and parses only the
-records that can match (a JSONL line without a backslash, or a CSV line without a quote, that lacks the group's text
-cannot hold it, so it is never parsed), keeping those records' positions and where their text starts; `cut` removes records from
+records that can match (a JSONL line without a backslash that lacks the group's text cannot hold it, so it is never
+decoded; a CSV record is read by the csv module, and only one with a cell equal to the group goes further), keeping those records' positions and where their text starts; `cut` removes records from
 the text by those offsets.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from itertools import accumulate
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,20 +156,26 @@ class Found:
 def scan(data: bytes, fmt: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
          needle: str | None = None) -> tuple[str, list[str], list[Found]]:
     """The file's text, its columns (CSV: the header; JSONL: the keys of the kept records) and the records `keep`
-    accepts (their fields), in file order, parsing no more than it must: a JSONL line without a backslash, or a CSV
-    line without a quote, that does not contain `needle` (None: every line is parsed) is skipped unparsed, as `keep`
-    could not accept it."""
+    accepts (their fields), in file order, parsing no more than it must: a JSONL line without a backslash that does
+    not contain `needle` is never decoded, a CSV record without a cell equal to `needle` never becomes a dict
+    (None: every record is looked at), as `keep` could not accept them."""
     text = data.decode(ENCODING, ERRORS)
     return (text, *(_scan_csv(text, id_column, keep, needle) if fmt == "csv" else
                     _scan_jsonl(text, id_column, keep, needle)))
 
 
 def csv_header(data: bytes) -> list[str]:
-    """A CSV file's header (its first non-blank record), reading no further."""
-    source = io.StringIO(data.decode(ENCODING, ERRORS), newline="")
-    for cells in csv.reader(iter(source.readline, "")):
-        if cells:
-            return [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
+    """A CSV file's header (its first non-blank record), decoding no more of the file than it needs."""
+    for size in (1 << 16, len(data)):
+        head = data if size >= len(data) else data[:data.find(b"\n", size) + 1 or len(data)]
+        source = io.StringIO(head.decode(ENCODING, ERRORS), newline="")
+        for cells in csv.reader(iter(source.readline, "")):
+            if cells:
+                if source.tell() < len(source.getvalue()) or head is data:  # the header ended inside `head`
+                    return [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
+                break
+        if head is data:
+            return []
     return []
 
 
@@ -216,45 +223,27 @@ def _jsonl_lines(text: str, needle: str | None) -> Iterator[tuple[int, int, str]
 
 def _scan_csv(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
               needle: str | None) -> tuple[list[str], list[Found]]:
-    """A line without a quote is a whole record split at its commas (what the csv module makes of it) and, lacking
-    `needle`, skipped; a line with a quote is handed to the csv module with the lines its record spans."""
-    lines = iter(io.StringIO(text, newline="").readline, "")
-    consumed: list[str] = []
-
-    def record(first: str) -> Iterator[str]:
-        consumed.append(first)
-        yield first
-        for line in lines:
-            consumed.append(line)
-            yield line
-
+    """The csv module reads every record (its line count says which lines each one spans); only a record with a
+    cell equal to `needle` (every record when None) becomes a dict for `keep`."""
+    lines = io.StringIO(text, newline="").readlines()
+    ends = list(accumulate(map(len, lines)))
+    reader = csv.reader(lines)
     header: list[str] | None = None
-    found, start, position, n = [], 0, 0, 0
-    for line in lines:
-        n += 1
-        at = start
-        if '"' in line:
-            consumed.clear()
-            cells = next(csv.reader(record(line)))
-            raw = "".join(consumed)
-        else:
-            raw = line
-            if header is not None and needle is not None and needle not in line:
-                start, position = start + len(raw), position + 1
-                continue
-            body = line.rstrip("\r\n")
-            cells = body.split(",") if body else []
-        start += len(raw)
+    found, first, position = [], 0, 0
+    for n, cells in enumerate(reader, start=1):
+        first, last = reader.line_num, first  # this record is lines[last:first]
         if header is None:
             if cells:
                 header = [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
             continue
         position += 1
-        if not cells:
+        if not cells or (needle is not None and needle not in cells):
             continue
         row = dict(zip(header, cells))
         if keep(row):
-            found.append(Found(position - 1, at, Chunk(id_text(row.get(id_column)) or f"\0row{n}", raw, row)))
+            raw = lines[last] if first == last + 1 else "".join(lines[last:first])
+            found.append(Found(position - 1, ends[last - 1] if last else 0,
+                               Chunk(id_text(row.get(id_column)) or f"\0row{n}", raw, row)))
     return header or [], found
 
 

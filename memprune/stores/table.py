@@ -75,9 +75,9 @@ def _group_value(value: Any, where: str, column: str) -> str:
 
 
 def _needle(group: str) -> str | None:
-    """Text every JSONL line without a backslash, and every CSV line without a quote, holding `group` contains (None:
-    no such text). A string is written as it is; a JSON number as its digits only where `group` is an integer (3.0
-    may be written 3e0)."""
+    """Text every JSONL line without a backslash holding `group` contains, and a cell every CSV record of `group`
+    has (None: no such text). A string is written as it is; a JSON number as its digits only where `group` is an
+    integer (3.0 may be written 3e0)."""
     if group == "":
         return None  # a record without the key is in the empty group
     if not INTEGER.fullmatch(group):
