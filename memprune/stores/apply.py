@@ -8,6 +8,7 @@ committed archive, `memprune.archive`) before the first delete; deletes then run
 A crash anywhere leaves a store that is the decision minus some archived dropped records,
 which the check accepts, so a rerun finishes the deletes; once done, a rerun deletes nothing.
 `flag` mode sets `memprune_keep` and `memprune_score` on every decided record (idempotent).
+The whole apply holds `Store.locked()` (a local table store's lock files), so memprune's other writers wait.
 """
 
 from __future__ import annotations
@@ -47,8 +48,14 @@ def diff(current: pa.Table, decision: pa.Table) -> tuple[pa.Table, pa.Table, pa.
 
 def apply_decision(store: Store, out: str | os.PathLike[str] | Location, summary: dict[str, Any],
                    options: StoreOptions) -> dict[str, Any]:
-    """Apply the decision in `out` (a directory or a URI) to `store` (mode `options.apply`); writes and returns
-    `OUT/apply.json`."""
+    """Apply the decision in `out` (a directory or a URI) to `store` (mode `options.apply`), holding `store.locked()`
+    from the check to the last write; writes and returns `OUT/apply.json`."""
+    with store.locked():
+        return _apply_decision(store, out, summary, options)
+
+
+def _apply_decision(store: Store, out: str | os.PathLike[str] | Location, summary: dict[str, Any],
+                    options: StoreOptions) -> dict[str, Any]:
     started = time.perf_counter()
     mode = options.apply
     out = location(out)
