@@ -58,7 +58,8 @@ def build(path: Path, fmt: str, records: int, per_group: int) -> None:
         if fmt == "csv":
             writer.writerow(["mid", "memory", "user", "created"])
         for i in order:
-            text = f"Memory {i}: the user mentioned item {i * 7919 % 100003}{', again' if i % 4 == 0 else ''} on day {i % 365}."
+            again = ", again" if i % 4 == 0 else ""
+            text = f"Memory {i}: the user mentioned item {i * 7919 % 100003}{again} on day {i % 365}."
             row = [f"m{i}", text, f"u{i // per_group}", f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}T10:00:00"]
             if fmt == "csv":
                 writer.writerow(row)

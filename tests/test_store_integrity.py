@@ -276,7 +276,8 @@ def test_a_jsonl_group_scan_finds_every_spelling_of_its_group(tmp_path) -> None:
              '{"id": "c", "text": "ann", "user": "bo"}', '{"id": "d", "text": "t", "user": 3}',
              '{"id": "e", "text": "t", "user": 3.0}', '{"id": "f", "text": "t", "user": 3e0}',
              '{"id": "g", "text": "t", "user": -0}', '{"id": "h", "text": "t", "user": true}',
-             '{"id": "i", "text": "t"}', '{"id": "j", "text": "t", "user": null}', '{"id": "k", "text": "t", "user": ""}',
+             '{"id": "i", "text": "t"}', '{"id": "j", "text": "t", "user": null}',
+             '{"id": "k", "text": "t", "user": ""}',
              '{"id": "l", "text": "t", "user": "a\\"b"}', '{"id": "m", "text": "t", "user": 30}']
     path = tmp_path / "mem.jsonl"
     path.write_text("\n".join(lines) + "\n")

@@ -38,6 +38,11 @@ def _open(location: str) -> Any:
         raise StoreError(f"lance:{location}: cannot open as a Lance dataset: {str(exc).splitlines()[0]}") from None
 
 
+def _literal(text: str) -> str:
+    """A SQL string literal (quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _read_fragment(location: str, fragment_id: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
     ds = _open(location)
     yield from ds.get_fragment(fragment_id).to_batches(columns=columns, batch_size=65_536)
@@ -106,8 +111,7 @@ class LanceStore(Store):
             left |= why
             if not todo:
                 continue
-            where = " OR ".join(f"({sql_in(idcol, [i], numeric)} AND {textcol} = '{texts[i].replace(chr(39), chr(39) * 2)}')"
-                                for i in todo)
+            where = " OR ".join(f"({sql_in(idcol, [i], numeric)} AND {textcol} = {_literal(texts[i])})" for i in todo)
             res = self.ds.delete(where)
             n = res.get("num_deleted_rows") if isinstance(res, dict) else getattr(res, "num_deleted_rows", None)
             if n is None or int(n) < len(todo):

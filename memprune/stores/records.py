@@ -11,8 +11,8 @@ Text is decoded as UTF-8 with `surrogateescape`, so any byte sequence survives a
 
 `scan` is the live path's read of one group (`memprune.stores.table`): it walks the file once and parses only the
 records that can match (a JSONL line without a backslash that lacks the group's text cannot hold it, so it is never
-decoded; a CSV record is read by the csv module, and only one with a cell equal to the group goes further), keeping those records' positions and where their text starts; `cut` removes records from
-the text by those offsets.
+decoded; a CSV record is read by the csv module, and only one with a cell equal to the group goes further),
+keeping those records' positions and where their text starts; `cut` removes records from the text by those offsets.
 """
 
 from __future__ import annotations

@@ -303,7 +303,8 @@ def _lock(path: Path) -> int:
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
-        raise StoreError(f"{path}: cannot create its lock file {lock}: {exc.strerror or exc}; nothing was changed") from None
+        raise StoreError(f"{path}: cannot create its lock file {lock}: {exc.strerror or exc}; "
+                         "nothing was changed") from None
     deadline = time.monotonic() + LOCK_WAIT
     while True:
         try:
@@ -448,9 +449,9 @@ class TableStore(Store):
                     table, ids, hashes, mine = got
                     if not gone:
                         continue
-                    hit = pc.and_(mine, pc.equal(hashes, pc.fill_null(pc.take(
-                        pa.array(list(gone.values()), pa.string()), pc.index_in(ids, pa.array(list(gone), pa.string()))), "")))
-                    hit = pc.fill_null(hit, False)
+                    decided = pc.take(pa.array(list(gone.values()), pa.string()),
+                                      pc.index_in(ids, pa.array(list(gone), pa.string())))
+                    hit = pc.fill_null(pc.and_(mine, pc.equal(hashes, decided)), False)
                     if pc.sum(hit).as_py():
                         _write_parquet(path, table.filter(pc.invert(hit)))
                 else:
