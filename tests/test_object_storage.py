@@ -447,3 +447,35 @@ def test_a_table_store_on_s3_is_decided_split_applied_and_restored_byte_for_byte
         got = pq.read_table((location(into) / "decision.parquet").path, filesystem=location(into).fs)
         decisions.append(got.select(["id", "keep", "reason"]).sort_by("id").to_pylist())
     assert decisions[0] == decisions[1] == decision.select(["id", "keep", "reason"]).sort_by("id").to_pylist()
+
+
+def test_a_live_group_apply_on_s3_leaves_a_record_changed_before_its_delete(bucket: str, tmp_path: Path) -> None:
+    """Issue 27 on object storage (no lock file there): `apply_group` on `table:s3://.../mem.jsonl`; after its check,
+    another writer replaces the object with one dropped record edited. The delete re-reads the object and leaves
+    that record (`changed`), deletes the other dropped one; restore gives back the original bytes but the edit."""
+    from memprune.archive import restore
+    from memprune.stores import open_store
+    from memprune.stores.base import CHANGED
+    from memprune.stores.group import apply_group, group_table
+
+    remote = f"{bucket}/live/mem.jsonl"
+    lines = [json.dumps({"mid": f"m{i}", "memory": f"Memory {i}.", "user": "ann" if i < 4 else "bo"}) + "\n"
+             for i in range(6)]
+    location(remote).write_bytes("".join(lines).encode())
+    store = open_store("table", remote, {"id": "mid", "text": "memory", "group": "user"})
+    table = group_table(store, "ann")
+    keep = [i not in ("m1", "m2") for i in table.column("bullet_id").to_pylist()]
+    decided = (table.append_column("score", pa.array([0.5] * table.num_rows, pa.float64()))
+               .append_column("keep", pa.array(keep))
+               .append_column("reason", pa.array([None if k else "below_threshold" for k in keep], pa.string()))
+               .append_column("duplicate_of", pa.nulls(table.num_rows, pa.string())))
+    edited = [ln.replace("Memory 1.", "Memory 1, edited.") for ln in lines]
+
+    def other_writer() -> None:
+        location(remote).write_bytes("".join(edited).encode())
+
+    done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+    assert done["deleted"] == 1 and done["skipped"] == [{"id": "m1", "why": CHANGED}]
+    assert location(remote).read_bytes() == "".join(ln for ln in edited if '"m2"' not in ln).encode()
+    assert restore(tmp_path / "archive")["restored"] == 1
+    assert location(remote).read_bytes() == "".join(edited).encode()

@@ -219,3 +219,87 @@ def test_a_restore_into_a_csv_store_without_a_time_column_uses_the_archive_mappi
     assert [(r["id"], r["zip"]) for r in archived] == [("0002", "02140")]  # text in the archive too, not 2140
     restore(tmp_path / "out" / "archive")
     assert path.read_bytes() == original
+
+
+def _group_decision(store: TableStore, group: str, keep: list[bool]) -> pa.Table:
+    """`decide_group`'s table for `group` with the given keep flags (as a pruner returns it)."""
+    from memprune.stores.group import group_table
+
+    table = group_table(store, group)
+    flags = keep[:table.num_rows] + [True] * max(0, table.num_rows - len(keep))
+    return (table.append_column("score", pa.array([0.5] * table.num_rows, pa.float64()))
+            .append_column("keep", pa.array(flags, pa.bool_()))
+            .append_column("reason", pa.array([None if k else "below_threshold" for k in flags], pa.string()))
+            .append_column("duplicate_of", pa.nulls(table.num_rows, pa.string())))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(data=st.data(), fmt=st.sampled_from(["csv", "jsonl", "parquet"]), crlf=st.booleans(), spaced=st.booleans(),
+       group=st.sampled_from(["u1", "u2", "0007", "ü"]))
+def test_a_live_group_apply_then_restore_gives_back_every_byte(tmp_path_factory, data, fmt, crlf, spaced,
+                                                               group) -> None:
+    """Issue 27: the live path (`apply_group`: one group scanned for, archived, cut out of the file under its lock)
+    keeps issue 28's guarantees: the group's read equals a whole read filtered, only the dropped records leave,
+    and restore gives back the original bytes."""
+    from memprune.stores.group import apply_group
+
+    d = tmp_path_factory.mktemp("store")
+    rows = list({r["id"]: r for r in _records(data.draw, data.draw(st.integers(1, 12)))}.values())
+    path = d / f"mem.{fmt}"
+    write_store(path, fmt, rows, crlf, spaced)
+    original = path.read_bytes()
+    before = parquet_state(path) if fmt == "parquet" else None
+    store = TableStore(str(path), MAP)
+    whole = pa.Table.from_batches(list(store.read()))
+    assert pa.Table.from_batches(list(store.read_group(group)), schema=whole.schema) == \
+        whole.filter(pa.compute.equal(whole.column("group"), group))
+    decided = _group_decision(store, group, data.draw(st.lists(st.booleans(), min_size=12, max_size=12)))
+    dropped = {i for i, k in zip(decided.column("bullet_id").to_pylist(), decided.column("keep").to_pylist()) if not k}
+    done = apply_group(store, decided, d / "archive")
+    assert done["deleted"] == len(dropped) and done["skipped"] == []
+    if fmt == "parquet":
+        schema, left = parquet_state(path)
+        assert schema == before[0] and left == [r for r in before[1] if r["id"] not in dropped]
+    else:
+        header, lines = _split_records(original, fmt)
+        assert path.read_bytes() == header + b"".join(line for rid, line in lines if rid not in dropped)
+    if dropped:
+        assert restore(d / "archive")["restored"] == len(dropped)
+    assert (parquet_state(path) == before) if fmt == "parquet" else (path.read_bytes() == original)
+
+
+def test_a_jsonl_group_scan_finds_every_spelling_of_its_group(tmp_path) -> None:
+    """The JSONL scan skips a line undecoded only when it cannot hold the group: escaped, numeric, boolean and
+    absent group values are found exactly as a whole read finds them."""
+    lines = ['{"id": "a", "text": "t", "user": "ann"}', '{"id": "b", "text": "t", "user": "\\u0061nn"}',
+             '{"id": "c", "text": "ann", "user": "bo"}', '{"id": "d", "text": "t", "user": 3}',
+             '{"id": "e", "text": "t", "user": 3.0}', '{"id": "f", "text": "t", "user": 3e0}',
+             '{"id": "g", "text": "t", "user": -0}', '{"id": "h", "text": "t", "user": true}',
+             '{"id": "i", "text": "t"}', '{"id": "j", "text": "t", "user": null}',
+             '{"id": "k", "text": "t", "user": ""}',
+             '{"id": "l", "text": "t", "user": "a\\"b"}', '{"id": "m", "text": "t", "user": 30}']
+    path = tmp_path / "mem.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    store = TableStore(str(path), {"group": "user"})
+    whole = pa.Table.from_batches(list(store.read()))
+    for group in ["ann", "bo", "3", "3.0", "0", "true", "", 'a"b', "30", "nobody"]:
+        want = whole.filter(pa.compute.equal(whole.column("group"), group))
+        got = pa.Table.from_batches(list(store.read_group(group)), schema=whole.schema)
+        assert got == want, group
+    assert set(pa.Table.from_batches(list(store.read_group("3.0"))).column("id").to_pylist()) == {"e", "f"}
+
+
+def test_a_csv_group_scan_finds_the_group_in_quoted_multiline_and_short_rows(tmp_path) -> None:
+    """The CSV scan splits a quote-free line itself and hands a quoted one (with the lines its record spans) to the
+    csv module: quoted, multi-line, short and blank rows are found exactly as a whole read finds them."""
+    path = tmp_path / "mem.csv"
+    path.write_bytes(b'\n\xef\xbb\xbfid,text,user\r\n1,plain,ann\r\n2,"quoted, with comma",ann\n'
+                     b'3,"two\nlines ann",bo\n\n4,"ann",""\n5,short\n6,"say ""ann""",\"ann\"\n7,x"y,ann\n'
+                     b'8,ann,a"b\n9,t,"a""b"\n10,last,ann')
+    store = TableStore(str(path), {"group": "user"})
+    whole = pa.Table.from_batches(list(store.read()))
+    for group in ["ann", "bo", "", 'a"b', "nobody"]:
+        want = whole.filter(pa.compute.equal(whole.column("group"), group))
+        assert pa.Table.from_batches(list(store.read_group(group)), schema=whole.schema) == want, group
+    assert pa.Table.from_batches(list(store.read_group("ann"))).column("id").to_pylist() == ["1", "2", "6", "7", "10"]

@@ -645,3 +645,199 @@ def test_a_group_apply_leaves_records_changed_since_the_decision(scorer_dir, tmp
     assert set(read_archive(tmp_path / "archive").records.column("mid").to_pylist()) == set(dropped[2:])
     assert restore(tmp_path / "archive")["restored"] == 3
     assert store_path.read_bytes() == before
+
+
+def _decided(store, group: str, drop: set[str]) -> pa.Table:
+    """`decide_group`'s table for `group` (the real layout, read from the store) with the records of `drop` dropped."""
+    from memprune.stores.group import group_table
+
+    table = group_table(store, group)
+    keep = [i not in drop for i in table.column("bullet_id").to_pylist()]
+    return (table.append_column("score", pa.array([0.5] * table.num_rows, pa.float64()))
+            .append_column("keep", pa.array(keep))
+            .append_column("reason", pa.array([None if k else "below_threshold" for k in keep], pa.string()))
+            .append_column("duplicate_of", pa.nulls(table.num_rows, pa.string())))
+
+
+def _why(done: dict) -> dict[str, str]:
+    return {s["id"]: s["why"] for s in done["skipped"]}
+
+
+WRITER = """
+import json, sys
+path, fmt, edited, gone = sys.argv[1:]
+lines = open(path, encoding="utf-8", newline="").read().splitlines(keepends=True)
+out = []
+for line in lines:
+    if line.startswith(gone + ",") or line.startswith('{"mid": "%s"' % gone):
+        continue
+    if line.startswith(edited + ",") or line.startswith('{"mid": "%s"' % edited):
+        line = line.replace("Memory number", "Edited memory number")
+    out.append(line)
+out.append("m99,Added by the other writer.,ann\\n" if fmt == "csv" else
+           json.dumps({"mid": "m99", "memory": "Added by the other writer.", "user": "ann"}) + "\\n")
+open(path + ".tmp", "w", encoding="utf-8", newline="").write("".join(out))
+import os; os.replace(path + ".tmp", path)
+"""
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_live_apply_leaves_what_another_process_changes_between_its_check_and_its_delete(tmp_path, fmt) -> None:
+    """Issue 27: after `apply_group` checked the group and committed its archive, a second process (a plain
+    program that knows nothing of memprune's lock) edits one dropped record, deletes another and appends a record.
+    The delete works from the file as it is then: the edited record stays (`changed`), the removed one is reported
+    (`removed`), the appended one stays, only the other dropped records leave; restore gives back exactly those."""
+    from memprune.stores.base import CHANGED, REMOVED, open_store
+    from memprune.stores.group import apply_group
+
+    path = tmp_path / f"mem.{fmt}"
+    rows = [("m%d" % i, f"Memory number {i} of Ann.", "ann" if i < 8 else "ben") for i in range(10)]
+    path.write_text("mid,memory,user\n" + "".join(f"{i},{t},{u}\n" for i, t, u in rows) if fmt == "csv" else
+                    "".join(json.dumps({"mid": i, "memory": t, "user": u}) + "\n" for i, t, u in rows))
+    store = open_store("table", str(path), {"id": "mid", "text": "memory", "group": "user"})
+    drop = {"m1", "m2", "m3", "m4"}
+    decided = _decided(store, "ann", drop)
+
+    def other_writer() -> None:
+        subprocess.run([sys.executable, "-c", WRITER, str(path), fmt, "m1", "m2"], check=True, timeout=60)
+
+    done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+    assert done["deleted"] == 2 and _why(done) == {"m1": CHANGED, "m2": REMOVED}
+    after = path.read_text()
+    left = [ln.split(",")[0] if fmt == "csv" else json.loads(ln)["mid"] for ln in after.splitlines()[fmt == "csv":]]
+    assert left == ["m0", "m1", "m5", "m6", "m7", "m8", "m9", "m99"] and "Edited memory number 1" in after
+    assert restore(tmp_path / "archive")["restored"] == 2  # m3, m4: the archive holds what the apply deleted
+    again = open_store("table", str(path), {"id": "mid", "text": "memory", "group": "user"})
+    assert {r["id"] for b in again.read_group("ann") for r in b.to_pylist()} == \
+        {"m0", "m1", "m3", "m4", "m5", "m6", "m7", "m99"}
+
+
+LOCKED_WRITER = """
+import sys
+import pyarrow as pa
+from memprune.stores.base import open_store
+store = open_store("table", sys.argv[1], {"id": "mid", "text": "memory", "group": "user"})
+print("locking", flush=True)
+store.set_fields(pa.table({"id": ["m0", "m3"], "memprune_note": ["set by the other writer"] * 2}))
+print("done", flush=True)
+"""
+
+
+def test_a_live_apply_holds_memprunes_other_writers_until_its_last_delete(tmp_path) -> None:
+    """Issue 27: a second process writing the same JSONL store through memprune (`set_fields`, as `--apply flag`
+    or a restore would) while `apply_group` runs waits on the store's lock file until the deletes are done, and
+    then works from the file as they left it: neither write is lost."""
+    from memprune.stores.base import open_store
+    from memprune.stores.group import apply_group
+
+    path = tmp_path / "mem.jsonl"
+    path.write_text("".join(json.dumps({"mid": f"m{i}", "memory": f"Memory {i}.", "user": "ann"}) + "\n"
+                            for i in range(6)))
+    store = open_store("table", str(path), {"id": "mid", "text": "memory", "group": "user"})
+    decided = _decided(store, "ann", {"m1", "m2"})
+    procs = []
+
+    def other_writer() -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+        proc = subprocess.Popen([sys.executable, "-c", LOCKED_WRITER, str(path)], stdout=subprocess.PIPE, text=True,
+                                env=env)
+        procs.append(proc)
+        assert proc.stdout.readline() == "locking\n"
+        with pytest.raises(subprocess.TimeoutExpired):  # blocked on the lock this apply holds
+            proc.wait(timeout=2)
+
+    done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+    assert done["deleted"] == 2 and done["skipped"] == []
+    out, _ = procs[0].communicate(timeout=60)
+    assert procs[0].returncode == 0 and out == "done\n"
+    got = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [r["mid"] for r in got] == ["m0", "m3", "m4", "m5"]
+    assert [r.get("memprune_note") for r in got] == ["set by the other writer"] * 2 + [None, None]
+    assert (tmp_path / ".mem.jsonl.memprune-lock").exists()
+
+
+LANCE_WRITER = """
+import sys, lance
+ds = lance.dataset(sys.argv[1])
+ds.update({"text": "'Edited by the other writer.'"}, where="id = 'm1'")
+lance.dataset(sys.argv[1]).delete("id = 'm2'")
+"""
+
+
+def test_a_live_lance_delete_is_conditional_on_id_and_text(tmp_path) -> None:
+    """Issue 27: a second process updates one dropped record of a Lance dataset and deletes another after
+    `apply_group`'s check: the delete (`id = X AND text = T`) leaves the updated one (`changed`), reports the
+    removed one, deletes the rest; restore gives back exactly those."""
+    import lance
+
+    from memprune.stores.base import CHANGED, REMOVED, open_store
+    from memprune.stores.group import apply_group
+
+    texts = [f"Memory {i} of Ann, who's 'quoted'." for i in range(6)]
+    lance.write_dataset(pa.table({"id": [f"m{i}" for i in range(6)], "text": texts, "user": ["ann"] * 5 + ["bo"]}),
+                        str(tmp_path / "mem.lance"))
+    store = open_store("lance", str(tmp_path / "mem.lance"), {"group": "user"})
+    decided = _decided(store, "ann", {"m1", "m2", "m3", "m4"})
+
+    def other_writer() -> None:
+        subprocess.run([sys.executable, "-c", LANCE_WRITER, str(tmp_path / "mem.lance")], check=True, timeout=120)
+
+    done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+    assert done["deleted"] == 2 and _why(done) == {"m1": CHANGED, "m2": REMOVED}
+    now = lance.dataset(str(tmp_path / "mem.lance")).to_table().sort_by("id")
+    assert now.column("id").to_pylist() == ["m0", "m1", "m5"]
+    assert now.column("text").to_pylist()[1] == "Edited by the other writer."
+    assert restore(tmp_path / "archive")["restored"] == 2
+    assert lance.dataset(str(tmp_path / "mem.lance")).to_table().sort_by("id").column("id").to_pylist() == \
+        ["m0", "m1", "m3", "m4", "m5"]
+
+
+@pytest.mark.slow
+def test_a_live_mem0_delete_rechecks_each_memory(tmp_path, minilm_path) -> None:
+    """Issue 27: while `apply_group` runs on a real Mem0 store, another thread (sharing the Mem0 client, as a local
+    Qdrant allows one) updates one dropped memory and deletes another: each memory is read again right before its
+    delete, so the updated one stays (`changed`), the deleted one is reported (`removed`), the rest are deleted;
+    restore gives back exactly those."""
+    import threading
+
+    from memprune.stores.base import CHANGED, REMOVED
+    from memprune.stores.group import apply_group
+    from memprune.stores.mem0_store import Mem0Store
+
+    config = _mem0_config(tmp_path, minilm_path)
+    memory = _memory(config)
+    try:
+        for text in USERS["alice"][2:] + USERS["bob"][:2]:
+            memory.add([{"role": "user", "content": text}], user_id="alice" if text in USERS["alice"] else "bob",
+                       infer=False)
+        ids = {r["memory"]: r["id"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=100)["results"]}
+        store = Mem0Store(str(config), memory=memory)
+        edited, gone = ids["ok"], ids["lol"]
+        drop = {edited, gone, ids["Alice works night shifts as a nurse."]}
+        decided = _decided(store, "alice", drop)
+
+        def other_writer() -> None:
+            def write() -> None:
+                memory.update(edited, "Alice now works day shifts.")
+                memory.delete(gone)
+            thread = threading.Thread(target=write)
+            thread.start()
+            thread.join(timeout=120)
+
+        done = apply_group(store, decided, tmp_path / "archive", before_delete=other_writer)
+        assert done["deleted"] == 1 and _why(done) == {edited: CHANGED, gone: REMOVED}
+        left = {r["id"]: r["memory"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=100)["results"]}
+        assert left == {edited: "Alice now works day shifts.",
+                        ids["Alice is training for the Berlin marathon in May."]:
+                            "Alice is training for the Berlin marathon in May."}
+        assert restore_to_store(store, tmp_path / "archive") == 1
+        assert set(r["id"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=100)["results"]) == \
+            set(left) | {ids["Alice works night shifts as a nurse."]}
+    finally:
+        _close(memory)
+
+
+def restore_to_store(store, archive: Path) -> int:
+    from memprune.stores.base import restore_to
+
+    return restore_to(store, read_archive(archive))["restored"]

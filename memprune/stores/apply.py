@@ -8,6 +8,7 @@ committed archive, `memprune.archive`) before the first delete; deletes then run
 A crash anywhere leaves a store that is the decision minus some archived dropped records,
 which the check accepts, so a rerun finishes the deletes; once done, a rerun deletes nothing.
 `flag` mode sets `memprune_keep` and `memprune_score` on every decided record (idempotent).
+The whole apply holds `Store.locked()` (a local table store's lock files), so memprune's other writers wait.
 """
 
 from __future__ import annotations
@@ -47,8 +48,14 @@ def diff(current: pa.Table, decision: pa.Table) -> tuple[pa.Table, pa.Table, pa.
 
 def apply_decision(store: Store, out: str | os.PathLike[str] | Location, summary: dict[str, Any],
                    options: StoreOptions) -> dict[str, Any]:
-    """Apply the decision in `out` (a directory or a URI) to `store` (mode `options.apply`); writes and returns
-    `OUT/apply.json`."""
+    """Apply the decision in `out` (a directory or a URI) to `store` (mode `options.apply`), holding `store.locked()`
+    from the check to the last write; writes and returns `OUT/apply.json`."""
+    with store.locked():
+        return _apply_decision(store, out, summary, options)
+
+
+def _apply_decision(store: Store, out: str | os.PathLike[str] | Location, summary: dict[str, Any],
+                    options: StoreOptions) -> dict[str, Any]:
     started = time.perf_counter()
     mode = options.apply
     out = location(out)
@@ -104,13 +111,15 @@ def _id_column(store: Store) -> str:
     return store.fields["id"]
 
 
-def archive_records(store: Store, dropped: pa.Table, ids: list[str]) -> pa.Table:
+def archive_records(store: Store, dropped: pa.Table, ids: list[str], group: str | None = None) -> pa.Table:
     """The whole records of `ids` from the store plus the decision columns the archive keeps (`dropped`: id, score,
-    reason[, duplicate_of]))."""
-    parts = [store.fetch(list(part)) for part in chunks(ids, 1024)]
+    reason[, duplicate_of])); `group`: all of them are that group's (`Store.fetch_group`), and one the store no
+    longer holds is left out (removed by someone else while a live apply runs), else it is an error."""
+    parts = [store.fetch(list(part)) if group is None else store.fetch_group(group, list(part))
+             for part in chunks(ids, 1024)]
     records = pa.concat_tables(parts, promote_options="permissive") if parts else store.fetch([])
     idcol = _id_column(store)
-    if records.num_rows != len(ids):
+    if records.num_rows != len(ids) and group is None:
         raise StoreError(f"{store.where}: {len(ids)} dropped record(s) to archive, the store returned {records.num_rows}; "
                          "nothing was changed")
     pos = pc.index_in(records.column(idcol).cast(pa.string()), value_set=dropped.column("id"))

@@ -6,15 +6,18 @@ the normal form every step uses (`NORMAL`): `id`, `text`, `group`, `time` (strin
 text: what the apply fingerprint compares), `reject` (why a row cannot be used, else null) and `pin`
 (with `--map pin=COL`: the column's value as text, `true`/`false`/`1`/`0`, null = not pinned; `pin_flags`
 reads it; the export checks every value before any work).
-Writes go through `fetch` (whole records for the archive), `delete`, `set_fields` and `insert`.
+Writes go through `fetch` (whole records for the archive), `delete`, `set_fields` and `insert`; the live path
+(`memprune.stores.group`) holds `locked()` around its check and writes and deletes with `delete_unchanged`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +38,7 @@ INTEGER = re.compile(r"-?[0-9]+")  # a group that an integer group column can ho
 KIND_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # what a store kind may be called (`table`, `mem0`, ...)
 STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
 Partition = Callable[[], Iterator[pa.RecordBatch]]
+CHANGED, REMOVED = "changed since the decision", "removed since the decision"  # why a dropped record was left
 
 
 def text_hash(text: str) -> str:
@@ -183,6 +187,28 @@ class Store(ABC):
     def delete(self, ids: Sequence[str]) -> int:
         """Delete the records with `ids`; returns how many were deleted."""
 
+    def locked(self) -> AbstractContextManager[None]:
+        """Hold the store against memprune's other writers (other replicas, processes, `restore`) for a check and the
+        writes that follow it; re-entrant. The default holds nothing: a kind without a lock of its own."""
+        return contextlib.nullcontext()
+
+    def fetch_group(self, group: str, ids: Sequence[str]) -> pa.Table:
+        """`fetch` of `ids`, records of `group` (a kind may read that group alone to find them)."""
+        return self.fetch(ids)
+
+    def delete_unchanged(self, group: str, expected: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """Delete each record of `expected` (id -> its text hash as decided) that is still in `group` with that text,
+        checked as late as the kind allows; returns (deleted ids, {id: CHANGED or REMOVED} for those left alone).
+
+        The default reads the group again right before deleting (a kind with a conditional delete does better)."""
+        now: dict[str, str | None] = {}
+        for batch in self.read_group(group):
+            now.update(zip(batch.column("id").to_pylist(), batch.column("hash").to_pylist()))
+        todo, left = unchanged(now, expected)
+        if todo:
+            self.delete(todo)
+        return todo, left
+
     @abstractmethod
     def set_fields(self, values: pa.Table) -> int:
         """Set columns/metadata (`values`: `id` + memprune_* columns) on the records with those ids."""
@@ -197,6 +223,14 @@ class Store(ABC):
 
     def close(self) -> None:
         """Release the store (locks, clients)."""
+
+
+def unchanged(now: dict[str, str | None], expected: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """(ids of `expected` whose hash `now` still has, {id: CHANGED/REMOVED} for the rest); `now`: id -> text hash of
+    the group's records as the store holds them."""
+    todo = [i for i, h in expected.items() if i in now and now[i] == h]
+    left = {i: CHANGED if i in now else REMOVED for i, h in expected.items() if not (i in now and now[i] == h)}
+    return todo, left
 
 
 _KINDS: dict[str, type[Store]] = {}

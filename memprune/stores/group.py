@@ -7,11 +7,13 @@ hands them to a pruner's `prune_table` (`MemoryPruner`'s: the batch job's decisi
 the conversation and its pin column as the pin field; or the service client's). `apply_group`
 writes every dropped record whole into an archive (`memprune.archive`, restorable with `memprune restore`)
 before deleting it, as `memprune prune --apply` does; a record changed or removed by someone else since the
-decision is skipped and reported, never deleted.
+decision, also while the apply runs, is skipped and reported (`changed since the decision` / `removed since the
+decision`), never deleted nor archived.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,7 +23,7 @@ import pyarrow.compute as pc
 from memprune.archive import write_archive
 from memprune.prune import PruneRule
 from memprune.stores.apply import archive_records, diff
-from memprune.stores.base import NORMAL, Store, chunks
+from memprune.stores.base import CHANGED, NORMAL, REMOVED, Store, text_hash
 from memprune.stores.config import StoreError
 from memprune.stores.export import (HASH, PIN, SORT_KEYS, check_lives, fingerprint, record_key, scan_current,
                                      to_bullets)
@@ -60,33 +62,66 @@ def decide_group(store: Store, group: str, pruner: TablePruner) -> pa.Table:
     return pruner.prune_table(table, group_by="conversation", pin_field=PIN if "pin" in store.fields else None)
 
 
-def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path, batch: int = 256) -> dict[str, Any]:
+def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path,
+                before_delete: Callable[[], None] | None = None) -> dict[str, Any]:
     """Archive the dropped records of a `decide_group` result whole into `archive_dir`, then delete them.
 
-    A dropped record whose text changed since the decision, or that left the group, is not touched: it is in
-    `skipped` (id, why), checked as `memprune prune --apply` checks a decision (`apply.diff`: id and text hash)."""
+    Held under `store.locked()` from the check to the last delete (a table store: its lock files, so other
+    replicas, processes and `restore` wait). A dropped record whose text changed since the decision, or that left
+    the group, is not touched: it is in `skipped` (id, why: CHANGED or REMOVED), checked three times: before the
+    archive (`apply.diff`: id and text hash, as `memprune prune --apply` checks a decision), on the fetched record
+    that goes into the archive, and at the delete itself (`Store.delete_unchanged`: a table file re-read under the
+    lock, a Lance delete conditional on id and text, a Mem0 memory re-read just before its delete).
+    The archive is committed before the first delete and, when the delete left some, again with the deleted alone.
+    `before_delete`: called once the archive is committed, before the first delete (tests step in here)."""
     dropped = (decided.filter(pc.invert(decided.column("keep"))) if "keep" in decided.column_names
                else decided.slice(0, 0))
     if dropped.num_rows == 0:
         return {"deleted": 0, "archive": None, "skipped": []}
-    now = scan_current(store, decided.column("conversation_id")[0].as_py())
-    _, changed, missing = diff(now, pa.table({"id": dropped.column("bullet_id"), "hash": dropped.column(HASH),
-                                              "keep": dropped.column("keep")}))
-    stale = {**{i: "removed since the decision" for i in missing.column("id").to_pylist()},
-             **{i: "changed since the decision" for i in changed.column("id").to_pylist()}}
-    dropped = dropped.filter(pc.invert(pc.is_in(dropped.column("bullet_id"), pa.array(list(stale), pa.string()))))
-    skipped = [{"id": i, "why": why} for i, why in stale.items()]
-    if dropped.num_rows == 0:
-        return {"deleted": 0, "archive": None, "skipped": skipped}
-    ids = dropped.column("bullet_id").to_pylist()
-    dec = pa.table({"id": dropped.column("bullet_id"), "score": dropped.column("score"),
-                    "reason": dropped.column("reason"), "duplicate_of": dropped.column("duplicate_of"),
-                    **({"superseded_by": dropped.column("superseded_by")}
-                       if "superseded_by" in dropped.column_names else {})})
-    records = archive_records(store, dec, ids)
-    key = fingerprint(decided.num_rows, record_key(decided.column("bullet_id").to_pylist(),
-                                                   decided.column(HASH).to_pylist()))
-    write_archive(archive_dir, records, id_column=store.fields["id"], store=store.describe(), fingerprint=key)
-    for part in chunks(ids, batch):
-        store.delete(list(part))
-    return {"deleted": len(ids), "archive": str(archive_dir), "skipped": skipped}
+    group = decided.column("conversation_id")[0].as_py()
+    with store.locked():
+        now = scan_current(store, group)
+        _, changed, missing = diff(now, pa.table({"id": dropped.column("bullet_id"), "hash": dropped.column(HASH),
+                                                  "keep": dropped.column("keep")}))
+        stale = {**{i: REMOVED for i in missing.column("id").to_pylist()},
+                 **{i: CHANGED for i in changed.column("id").to_pylist()}}
+        dropped = dropped.filter(pc.invert(pc.is_in(dropped.column("bullet_id"), pa.array(list(stale), pa.string()))))
+        records = None
+        if dropped.num_rows:
+            expected = dict(zip(dropped.column("bullet_id").to_pylist(), dropped.column(HASH).to_pylist()))
+            dec = pa.table({"id": dropped.column("bullet_id"), "score": dropped.column("score"),
+                            "reason": dropped.column("reason"), "duplicate_of": dropped.column("duplicate_of"),
+                            **({"superseded_by": dropped.column("superseded_by")}
+                               if "superseded_by" in dropped.column_names else {})})
+            records = archive_records(store, dec, list(expected), group)
+            text, idcol = store.fields["text"], store.fields["id"]
+            ids = records.column(idcol).cast(pa.string()).to_pylist()
+            moved = set(expected) - set(ids)  # removed between the check and the fetch
+            stale |= dict.fromkeys(moved, REMOVED)
+            if text in records.column_names:  # changed between the check and the fetch: not the decided record
+                fetched = [None if t is None else text_hash(str(t)) for t in records.column(text).to_pylist()]
+                changed_now = {i for i, h in zip(ids, fetched) if h != expected[i]}
+                stale |= dict.fromkeys(changed_now, CHANGED)
+                moved |= changed_now
+            if moved:
+                expected = {i: h for i, h in expected.items() if i not in moved}
+                records = records.filter(pc.invert(pc.is_in(records.column(idcol).cast(pa.string()),
+                                                             pa.array(sorted(moved), pa.string()))))
+        if records is None or records.num_rows == 0:
+            return {"deleted": 0, "archive": None, "skipped": _skipped(stale)}
+        key = fingerprint(decided.num_rows, record_key(decided.column("bullet_id").to_pylist(),
+                                                       decided.column(HASH).to_pylist()))
+        write_archive(archive_dir, records, id_column=idcol, store=store.describe(), fingerprint=key)
+        if before_delete is not None:
+            before_delete()
+        deleted, left = store.delete_unchanged(group, expected)
+        if left:  # the archive holds what this apply deleted, not what another writer changed or removed meanwhile
+            write_archive(archive_dir, records.filter(pc.is_in(records.column(idcol).cast(pa.string()),
+                                                               pa.array(deleted, pa.string()))),
+                          id_column=idcol, store=store.describe(), fingerprint=key)
+    return {"deleted": len(deleted), "archive": str(archive_dir) if deleted else None,
+            "skipped": _skipped({**stale, **left})}
+
+
+def _skipped(stale: dict[str, str]) -> list[dict[str, str]]:
+    return [{"id": i, "why": why} for i, why in stale.items()]

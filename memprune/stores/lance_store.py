@@ -2,7 +2,9 @@
 
 Each fragment is a partition (read on the driver, or by its own Ray Data task for a dataset past the export's
 in-memory limit). Deletes and field updates are
-Lance transactions (each one atomic, a new dataset version); restore appends the archived rows.
+Lance transactions (each one atomic, a new dataset version); restore appends the archived rows. The live path's
+delete (`delete_unchanged`) is conditional: `id = X AND text = T` for each record still in its group with the
+decided text, so a record another writer changes meanwhile (a Lance update writes a new row) is never deleted.
 The location may be a storage URI (`lance:s3://b/mem.lance`): Lance reads it with its own client, given
 the endpoint, region and keys of the standard environment (`memprune.storage.object_store_options`).
 """
@@ -17,10 +19,12 @@ import pyarrow.compute as pc
 
 from memprune.archive import DECISION_COLUMNS
 from memprune.storage import object_store_options
-from memprune.stores.base import INTEGER, Partition, Store, chunks, register, sql_in
+from memprune.stores.base import (CHANGED, INTEGER, Partition, Store, chunks, normalize, register, sql_in,
+                                  unchanged)
 from memprune.stores.config import StoreError
 
 IN_CHUNK = 1000
+IF_CHUNK = 100  # records per conditional delete (each names its whole text)
 
 
 def _open(location: str) -> Any:
@@ -32,6 +36,11 @@ def _open(location: str) -> Any:
         return lance.dataset(location, storage_options=object_store_options(location) or None)
     except Exception as exc:  # lance raises ValueError/OSError/its own errors for a missing or broken dataset
         raise StoreError(f"lance:{location}: cannot open as a Lance dataset: {str(exc).splitlines()[0]}") from None
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal (quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _read_fragment(location: str, fragment_id: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -83,6 +92,37 @@ class LanceStore(Store):
             res = self.ds.delete(sql_in(self.fields["id"], part, self._numeric_id()))
             n += int(getattr(res, "num_deleted_rows", len(part)) or 0)
         return n
+
+    def delete_unchanged(self, group: str, expected: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """Per chunk: the records read at the latest version, then one delete whose predicate names each one still in
+        `group` with the decided text by id AND text; Lance checks it against any version committed in between, so a
+        record changed meanwhile is not deleted: it is CHANGED (read again when the delete removed fewer)."""
+        idcol, textcol, numeric = self.fields["id"], self.fields["text"], self._numeric_id()
+        deleted: list[str] = []
+        left: dict[str, str] = {}
+        for part in chunks(list(expected), IF_CHUNK):
+            self.ds = _open(self.location)
+            rows = normalize(self.ds.to_table(columns=self.columns, filter=sql_in(idcol, part, numeric)), self.mapping,
+                             self.where)
+            rows = rows.filter(pc.equal(rows.column("group"), group))
+            now = dict(zip(rows.column("id").to_pylist(), rows.column("hash").to_pylist()))
+            texts = dict(zip(rows.column("id").to_pylist(), rows.column("text").to_pylist()))
+            todo, why = unchanged(now, {i: expected[i] for i in part})
+            left |= why
+            if not todo:
+                continue
+            where = " OR ".join(f"({sql_in(idcol, [i], numeric)} AND {textcol} = {_literal(texts[i])})" for i in todo)
+            res = self.ds.delete(where)
+            n = res.get("num_deleted_rows") if isinstance(res, dict) else getattr(res, "num_deleted_rows", None)
+            if n is None or int(n) < len(todo):
+                self.ds = _open(self.location)
+                still = set(normalize(self.ds.to_table(columns=self.columns, filter=sql_in(idcol, todo, numeric)),
+                                      self.mapping, self.where).column("id").to_pylist())
+                left |= dict.fromkeys(still, CHANGED)
+                todo = [i for i in todo if i not in still]
+            deleted += todo
+        self.ds = _open(self.location)
+        return deleted, left
 
     def set_fields(self, values: pa.Table) -> int:
         self.ds = _open(self.location)

@@ -4,7 +4,9 @@
 scrolls the Qdrant collection directly in pages (the default backend; a memory-flat stream) and
 falls back to the vector store's `list` for other backends. Records are grouped by `user_id`
 (`--map group=agent_id` or `run_id` for the others); their text is the payload's `data`.
-Deletes go through `Memory.delete` (Mem0 records them in its history); archived records keep the
+Deletes go through `Memory.delete` (Mem0 records them in its history); the live path's (`delete_unchanged`) reads
+each memory again right before deleting it and leaves one whose text or group changed (Mem0 deletes by id only,
+with no condition, so this is as late as the check can be); archived records keep the
 whole payload and the dense vector, and restore re-inserts them with their own ids.
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprune.stores.base import Partition, Store, register
+from memprune.stores.base import CHANGED, REMOVED, Partition, Store, register, text_hash
 from memprune.stores.config import StoreError
 
 PAYLOAD, VECTOR = "payload", "vector"
@@ -141,6 +143,30 @@ class Mem0Store(Store):
         for i in ids:
             self.memory.delete(str(i))
         return len(ids)
+
+    def delete_unchanged(self, group: str, expected: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """Each memory of `expected` read again just before its `Memory.delete`: deleted only while still in `group`
+        with the decided text (a memory gone meanwhile, also inside Mem0's own delete, is REMOVED)."""
+        key, text = self.fields["group"], self.fields["text"]
+        deleted: list[str] = []
+        left: dict[str, str] = {}
+        for mid, want in expected.items():
+            point = self.vs.get(vector_id=mid)
+            payload = None if point is None else (point.payload or {})
+            if payload is None or ("" if payload.get(key) is None else str(payload[key])) != group:
+                left[mid] = REMOVED
+                continue
+            body = payload.get(text)
+            if body is None or text_hash(str(body)) != want:
+                left[mid] = CHANGED
+                continue
+            try:
+                self.memory.delete(mid)
+            except ValueError:  # Mem0: "Memory with id ... not found"
+                left[mid] = REMOVED
+                continue
+            deleted.append(mid)
+        return deleted, left
 
     def set_fields(self, values: pa.Table) -> int:
         rows = values.to_pylist()

@@ -8,6 +8,11 @@ field edits that record's text only. Nothing is ever re-serialised through infer
 like `0003`, zips like `02139`, ISO times and absent keys stay as they were.
 
 Text is decoded as UTF-8 with `surrogateescape`, so any byte sequence survives a rewrite unchanged.
+
+`scan` is the live path's read of one group (`memprune.stores.table`): it walks the file once and parses only the
+records that can match (a JSONL line without a backslash that lacks the group's text cannot hold it, so it is never
+decoded; a CSV record is read by the csv module, and only one with a cell equal to the group goes further),
+keeping those records' positions and where their text starts; `cut` removes records from the text by those offsets.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator, Sequence
+from itertools import accumulate
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +142,119 @@ def _lines(text: str) -> list[str]:
     parts = text.split("\n")
     lines = [p + "\n" for p in parts[:-1]]
     return lines + [parts[-1]] if parts[-1] else lines
+
+
+@dataclass
+class Found:
+    """A record `scan` kept: its position (as `RecordFile.records` numbers it), where its text starts, its chunk."""
+
+    position: int
+    start: int
+    chunk: Chunk
+
+
+def scan(data: bytes, fmt: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
+         needle: str | None = None) -> tuple[str, list[str], list[Found]]:
+    """The file's text, its columns (CSV: the header; JSONL: the keys of the kept records) and the records `keep`
+    accepts (their fields), in file order, parsing no more than it must: a JSONL line without a backslash that does
+    not contain `needle` is never decoded, a CSV record without a cell equal to `needle` never becomes a dict
+    (None: every record is looked at), as `keep` could not accept them."""
+    text = data.decode(ENCODING, ERRORS)
+    return (text, *(_scan_csv(text, id_column, keep, needle) if fmt == "csv" else
+                    _scan_jsonl(text, id_column, keep, needle)))
+
+
+def csv_header(data: bytes) -> list[str]:
+    """A CSV file's header (its first non-blank record), decoding no more of the file than it needs."""
+    for size in (1 << 16, len(data)):
+        head = data if size >= len(data) else data[:data.find(b"\n", size) + 1 or len(data)]
+        source = io.StringIO(head.decode(ENCODING, ERRORS), newline="")
+        for cells in csv.reader(iter(source.readline, "")):
+            if cells:
+                if source.tell() < len(source.getvalue()) or head is data:  # the header ended inside `head`
+                    return [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
+                break
+        if head is data:
+            return []
+    return []
+
+
+def _scan_jsonl(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
+                needle: str | None) -> tuple[list[str], list[Found]]:
+    found, columns = [], {}
+    for n, at, line in _jsonl_lines(text, needle):
+        if not line.strip(_WS):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise RecordError(f"line {n}: a JSONL record must be an object, got {type(obj).__name__}")
+        if keep(obj):
+            columns.update(dict.fromkeys(obj))
+            found.append(Found(n - 1, at, Chunk(id_text(obj.get(id_column)) or f"\0line{n}", line, obj)))
+    return list(columns), found
+
+
+def _jsonl_lines(text: str, needle: str | None) -> Iterator[tuple[int, int, str]]:
+    """(1-based line number, start, line) of every line, or (`needle`) of the lines holding `needle` or a backslash
+    only, found by searching the text (no per-line work for the others)."""
+    if needle is None:
+        at = 0
+        for n, line in enumerate(_lines(text), start=1):
+            yield n, at, line
+            at += len(line)
+        return
+    spans = set()
+    for pattern in (needle, "\\"):
+        i = text.find(pattern)
+        while i >= 0:
+            start, end = text.rfind("\n", 0, i) + 1, text.find("\n", i)
+            end = len(text) if end < 0 else end + 1
+            spans.add((start, end))
+            i = text.find(pattern, end)
+    n, last = 1, 0
+    for start, end in sorted(spans):
+        n += text.count("\n", last, start)
+        last = start
+        yield n, start, text[start:end]
+
+
+def _scan_csv(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool],
+              needle: str | None) -> tuple[list[str], list[Found]]:
+    """The csv module reads every record (its line count says which lines each one spans); only a record with a
+    cell equal to `needle` (every record when None) becomes a dict for `keep`."""
+    lines = io.StringIO(text, newline="").readlines()
+    ends = list(accumulate(map(len, lines)))
+    reader = csv.reader(lines)
+    header: list[str] | None = None
+    found, first, position = [], 0, 0
+    for n, cells in enumerate(reader, start=1):
+        first, last = reader.line_num, first  # this record is lines[last:first]
+        if header is None:
+            if cells:
+                header = [c.lstrip("\ufeff") if i == 0 else c for i, c in enumerate(cells)]
+            continue
+        position += 1
+        if not cells or (needle is not None and needle not in cells):
+            continue
+        row = dict(zip(header, cells))
+        if keep(row):
+            raw = lines[last] if first == last + 1 else "".join(lines[last:first])
+            found.append(Found(position - 1, ends[last - 1] if last else 0,
+                               Chunk(id_text(row.get(id_column)) or f"\0row{n}", raw, row)))
+    return header or [], found
+
+
+def cut(text: str, gone: Sequence[Found]) -> str:
+    """`text` without the records `gone` (found in this very text by `scan`), every other byte as it was."""
+    parts, at = [], 0
+    for f in sorted(gone, key=lambda f: f.start):
+        parts.append(text[at:f.start])
+        at = f.start + len(f.chunk.text)
+    parts.append(text[at:])
+    return "".join(parts)
 
 
 def without(rf: RecordFile, ids: set[str]) -> RecordFile:

@@ -11,12 +11,25 @@ storage one PUT of the whole new object (only the files that change), with the s
 leaves each file either old or new and a rerun finishes the rest. Archived records keep the file they came from
 (`memprune_file`), their position in it (`memprune_position`) and, for CSV and JSONL, their exact
 text (`memprune_raw`), so `restore` puts each one back where it was, byte for byte.
+
+Writers on a local disk hold an exclusive lock (`flock`) on `.NAME.memprune-lock` beside each file (created on the
+first write, never removed): a live apply (`memprune.stores.group`) holds it from its check to its last delete and
+rewrites each file from its bytes as re-read under the lock, deleting a record only where its text and group are
+still the decided ones; other replicas, processes and `restore` wait. Files on object storage have no lock: the
+delete re-reads and re-checks each record, which narrows the window to its single read and PUT.
+One group's records (the live path: `read_group`, `fetch_group`, `delete_unchanged`) are found without parsing the
+rest: a Parquet file filtered by the reader, a CSV file's other rows never turned into records, a JSONL line that
+cannot hold the group never decoded (`records.scan`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
-from collections.abc import Iterator, Sequence
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +43,15 @@ from memprune import storage
 from memprune.io import atomic_path
 from memprune.storage import Location
 from memprune.stores import records as rec
-from memprune.stores.base import INTEGER, STRINGS, Partition, Store, register
+from memprune.stores.base import (INTEGER, STRINGS, Partition, Store, normalize, register, text_hash,
+                                  unchanged)
 from memprune.stores.config import StoreError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 FILE, POSITION, RAW = "memprune_file", "memprune_position", "memprune_raw"
 LOCATOR = (FILE, POSITION, RAW)
 BATCH = 65_536
+LOCK_SUFFIX, LOCK_WAIT = ".memprune-lock", 120.0  # `.FILE.memprune-lock` beside each local file; seconds to wait
 
 
 def _format(path: Location) -> str:
@@ -49,12 +64,41 @@ def _format(path: Location) -> str:
 
 def _parse(path: Location, id_column: str) -> rec.RecordFile:
     """A CSV or JSONL file as record chunks; a record that cannot be parsed is one error naming the file."""
-    try:
-        return rec.parse(Path(path.path).read_bytes() if path.local else path.read_bytes(), _format(path), id_column)
-    except rec.RecordError as exc:
-        raise StoreError(f"{path}: {exc}") from None
-    except OSError as exc:
-        raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    data = _read(path)
+    return _records(path, lambda: rec.parse(data, _format(path), id_column))
+
+
+def _group_value(value: Any, where: str, column: str) -> str:
+    """A record's group as the normal form has it (`_text_value`; null: the empty group)."""
+    text = value if value is None or isinstance(value, str) else _text_value(value, where, column, "group")
+    return "" if text is None else text
+
+
+def _needle(group: str) -> str | None:
+    """Text every JSONL line without a backslash holding `group` contains, and a cell every CSV record of `group`
+    has (None: no such text). A string is written as it is; a JSON number as its digits only where `group` is an
+    integer (3.0 may be written 3e0)."""
+    if group == "":
+        return None  # a record without the key is in the empty group
+    if not INTEGER.fullmatch(group):
+        try:
+            float(group)
+            return None
+        except ValueError:
+            pass
+    return group
+
+
+def _scan_group(path: Location, fields: dict[str, str], group: str,
+                ids: set[str] | None = None) -> tuple[str, list[str], list[rec.Found]]:
+    """A CSV or JSONL file's text, columns and the records of `group` (of `ids` only, when given) found in it."""
+    data, column, where = _read(path), fields["group"], str(path)
+
+    def keep(row: dict[str, Any]) -> bool:
+        if ids is not None and rec.id_text(row.get(fields["id"])) not in ids:
+            return False
+        return _group_value(row.get(column), where, column) == group
+    return _records(path, lambda: rec.scan(data, _format(path), fields["id"], keep, _needle(group)))
 
 
 def _parquet(path: Location) -> pa.Table:
@@ -68,14 +112,54 @@ def _parquet_file(path: Location) -> pq.ParquetFile:
     return pq.ParquetFile(path.path, filesystem=path.fs)
 
 
-def _columns(path: Location, id_column: str) -> list[str]:
-    """The column names of a file (Parquet: its footer; CSV: its header; JSONL: every key of its records)."""
-    if _format(path) == "parquet":
+def _columns(path: Location, id_column: str, wanted: Sequence[str] = ()) -> list[str]:
+    """The column names of a file (Parquet: its footer; CSV: its header; JSONL: every key of its records, or, when
+    each of `wanted` is the key of a record found by its text, `wanted` alone: no whole parse to check a mapping)."""
+    fmt = _format(path)
+    if fmt == "parquet":
         try:
             return _parquet_file(path).schema_arrow.names
         except (pa.ArrowInvalid, OSError) as exc:
             raise StoreError(f"{path}: cannot read as parquet: {str(exc).splitlines()[0]}") from None
-    return _parse(path, id_column).columns
+    data = _read(path)
+    if fmt == "csv":
+        return _records(path, lambda: rec.csv_header(data))
+    if wanted and all(_has_key(data, key) for key in wanted):
+        return list(wanted)
+    return _records(path, lambda: rec.parse(data, fmt, id_column)).columns
+
+
+def _has_key(data: bytes, key: str) -> bool:
+    """Whether a JSONL record (one of the first few lines holding `key`'s JSON text) has the top-level key `key`."""
+    needle = json.dumps(key, ensure_ascii=False).encode(rec.ENCODING, rec.ERRORS)
+    at = data.find(needle)
+    for _ in range(8):
+        if at < 0:
+            return False
+        start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        try:
+            obj = json.loads(data[start:None if end < 0 else end].decode(rec.ENCODING, rec.ERRORS))
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict) and key in obj:
+            return True
+        at = data.find(needle, len(data) if end < 0 else end)
+    return False
+
+
+def _read(path: Location) -> bytes:
+    try:
+        return Path(path.path).read_bytes() if path.local else path.read_bytes()
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _records(path: Location, parse: Callable[[], Any]) -> Any:
+    """`parse()` of a CSV or JSONL file's records; a record that cannot be parsed is one error naming the file."""
+    try:
+        return parse()
+    except rec.RecordError as exc:
+        raise StoreError(f"{path}: {exc}") from None
 
 
 def _text_value(value: Any, where: str, column: str, field: str) -> str | None:
@@ -91,9 +175,15 @@ def _text_value(value: Any, where: str, column: str, field: str) -> str | None:
 def _text_batches(path: Location, fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
     """The mapped columns of a CSV or JSONL file as string batches (what `normalize` reads)."""
     rf = _parse(path, fields["id"])
-    # A JSONL file without records names no keys: its (no) records have every mapped column.
-    present = [(f, c) for f, c in fields.items() if c in rf.columns or (rf.fmt == "jsonl" and not rf.columns)]
-    chunks = [c for _, c in rf.records()]
+    yield from _chunk_batches(path, rf.fmt, rf.columns, [c for _, c in rf.records()], fields)
+
+
+def _chunk_batches(path: Location, fmt: str, columns: list[str], chunks: list[rec.Chunk],
+                   fields: dict[str, str]) -> Iterator[pa.RecordBatch]:
+    """The mapped columns of CSV or JSONL records as string batches."""
+    rf = rec.RecordFile(fmt, "", [], columns)
+    # JSONL records without a mapped key name none: each then has every mapped column (null where absent).
+    present = [(f, c) for f, c in fields.items() if c in rf.columns or rf.fmt == "jsonl"]
     for start in range(0, max(len(chunks), 1), BATCH):
         part = chunks[start:start + BATCH]
         cols: dict[str, list[str | None]] = {}
@@ -126,10 +216,12 @@ def _batches(path: Location, fields: dict[str, str]) -> Iterator[pa.RecordBatch]
 
 def _group_batches(path: Location, fields: dict[str, str], group: str) -> Iterator[pa.RecordBatch]:
     """The records of one group (mapped columns): a Parquet file filtered by the reader (row groups whose statistics
-    exclude it are skipped) where its group column is text or integers; a CSV or JSONL file read whole (filtered
-    after)."""
-    if _format(path) != "parquet":
-        yield from _text_batches(path, fields)
+    exclude it are skipped) where its group column is text or integers; a CSV or JSONL file scanned for the group's
+    records alone (`records.scan`)."""
+    fmt = _format(path)
+    if fmt != "parquet":
+        _, columns, found = _scan_group(path, fields, group)
+        yield from _chunk_batches(path, fmt, columns, [f.chunk for f in found], fields)
         return
     import pyarrow.dataset as pads
 
@@ -205,6 +297,27 @@ def _files(where: Location) -> list[Location]:
     return files
 
 
+def _lock(path: Path) -> int:
+    """An open descriptor holding the exclusive lock of `path`'s lock file (`.NAME.memprune-lock` beside it)."""
+    lock = path.parent / f".{path.name}{LOCK_SUFFIX}"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot create its lock file {lock}: {exc.strerror or exc}; "
+                         "nothing was changed") from None
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise StoreError(f"{path}: another writer has held its lock {lock} for {LOCK_WAIT:.0f} s; "
+                                 "nothing was changed") from None
+            time.sleep(0.05)
+
+
 def _complement(n: int, absent: set[int]) -> np.ndarray:
     """The first `n` positions not in `absent`: where the records in a file now stood before the archived left."""
     return np.setdiff1d(np.arange(n + len(absent)), np.fromiter(absent, np.int64, len(absent)))[:n]
@@ -218,9 +331,10 @@ class TableStore(Store):
 
     def __init__(self, location: str, mapping: dict[str, str] | None = None) -> None:
         super().__init__(location, mapping)
+        self._depth, self._fds = 0, []  # `locked`: how deep, and the lock files held
         self.files = _files(storage.location(location, "table store"))
         for f in self.files:  # mapped columns checked up front, before any Ray task starts
-            names = _columns(f, self.fields["id"])
+            names = _columns(f, self.fields["id"], [c for k, c in self.fields.items() if k not in self.optional])
             if not names and _format(f) == "jsonl":
                 continue  # no records, so no keys to check
             for field, col in self.fields.items():
@@ -243,7 +357,13 @@ class TableStore(Store):
 
     def fetch(self, ids: Sequence[str]) -> pa.Table:
         """The whole records, each with its file, its position there and (CSV, JSONL) its exact text."""
-        wanted = set(map(str, ids))
+        return self._fetch(set(map(str, ids)))
+
+    def fetch_group(self, group: str, ids: Sequence[str]) -> pa.Table:
+        """`fetch` of records of `group`: a CSV or JSONL file scanned for them alone (`records.scan`)."""
+        return self._fetch(set(map(str, ids)), group)
+
+    def _fetch(self, wanted: set[str], group: str | None = None) -> pa.Table:
         parts = []
         for path in self.files:
             if _format(path) == "parquet":
@@ -252,9 +372,13 @@ class TableStore(Store):
                 got = table.filter(mask)
                 got = got.append_column(POSITION, pa.array(np.flatnonzero(mask.to_numpy(zero_copy_only=False)), pa.int64()))
             else:
-                rf = _parse(path, self.fields["id"])
-                hits = [(p, c) for p, c in rf.records() if c.id in wanted]
-                cols = rf.columns if rf.fmt == "csv" else [c for c in dict.fromkeys(self.fields.values()) if c in rf.columns]
+                if group is None:
+                    rf = _parse(path, self.fields["id"])
+                    fmt, columns, hits = rf.fmt, rf.columns, [(p, c) for p, c in rf.records() if c.id in wanted]
+                else:
+                    _, columns, found = _scan_group(path, self.fields, group, wanted)
+                    fmt, hits = _format(path), [(f.position, f.chunk) for f in found]
+                cols = columns if fmt == "csv" else [c for c in dict.fromkeys(self.fields.values()) if c in columns]
                 got = pa.table({**{col: pa.array([rec.id_text(c.fields.get(col)) if col == self.fields["id"] else
                                                   _cell_text(c.fields.get(col)) for _, c in hits], pa.string())
                                    for col in cols},
@@ -270,7 +394,87 @@ class TableStore(Store):
             raise StoreError(f"{self.where}: its files give column types that do not combine into one archive "
                              f"({str(exc).splitlines()[0]}); prune each file as its own store") from None
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the lock file of every local file of the store (in path order; re-entrant for this object, which one
+        thread uses at a time); waits up to `LOCK_WAIT` seconds for another writer, then one error line."""
+        if self._depth == 0:
+            self._fds = []
+            try:
+                for path in self.files:
+                    if path.local:
+                        self._fds.append(_lock(Path(path.path)))
+            except BaseException:
+                self._unlock()
+                raise
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._unlock()
+
+    def _unlock(self) -> None:
+        for fd in self._fds:
+            os.close(fd)  # closing the descriptor releases its lock
+        self._fds = []
+
+    def delete_unchanged(self, group: str, expected: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """Under the lock, each file re-read: delete the records of `expected` still in `group` with their decided
+        text; a file is rewritten from the bytes just read (CSV and JSONL cut record by record, nothing else
+        parsed or moved)."""
+        with self.locked():
+            seen: list[tuple[Location, Any]] = []
+            now: dict[str, str | None] = {}
+            for path in self.files:
+                if _format(path) == "parquet":
+                    table = _parquet(path)
+                    rows = normalize(table, self.mapping, str(path))
+                    mine = pc.equal(rows.column("group"), group)
+                    ids, hashes = rows.column("id"), rows.column("hash")
+                    now.update(zip(ids.filter(mine).to_pylist(), hashes.filter(mine).to_pylist()))
+                    seen.append((path, (table, ids, hashes, mine)))
+                else:
+                    text, _, found = _scan_group(path, self.fields, group, set(expected))
+                    for f in found:
+                        body = f.chunk.fields.get(self.fields["text"])
+                        now[f.chunk.id] = None if body is None else text_hash(
+                            _text_value(body, f"{path}: record {f.position + 1}", self.fields["text"], "text"))
+                    seen.append((path, (text, found)))
+            todo, left = unchanged(now, expected)
+            gone = {i: expected[i] for i in todo}
+            for path, got in seen:
+                if _format(path) == "parquet":
+                    table, ids, hashes, mine = got
+                    if not gone:
+                        continue
+                    decided = pc.take(pa.array(list(gone.values()), pa.string()),
+                                      pc.index_in(ids, pa.array(list(gone), pa.string())))
+                    hit = pc.fill_null(pc.and_(mine, pc.equal(hashes, decided)), False)
+                    if pc.sum(hit).as_py():
+                        _write_parquet(path, table.filter(pc.invert(hit)))
+                else:
+                    text, found = got
+                    cut = [f for f in found if f.chunk.id in gone and now.get(f.chunk.id) == gone[f.chunk.id]]
+                    if cut:
+                        _replace(path, rec.encode(rec.cut(text, cut)))
+            return todo, left
+
     def delete(self, ids: Sequence[str]) -> int:
+        with self.locked():
+            return self._delete(ids)
+
+    def set_fields(self, values: pa.Table) -> int:
+        with self.locked():
+            return self._set_fields(values)
+
+    def insert(self, records: pa.Table, archived: pa.Table | None = None) -> int:
+        """Put archived records back at their positions in their files (see `records.put_back`)."""
+        with self.locked():
+            return self._insert(records, archived)
+
+    def _delete(self, ids: Sequence[str]) -> int:
         wanted = set(map(str, ids))
         n = 0
         for path in self.files:
@@ -289,7 +493,7 @@ class TableStore(Store):
             n += hits
         return n
 
-    def set_fields(self, values: pa.Table) -> int:
+    def _set_fields(self, values: pa.Table) -> int:
         by_id = {str(r.pop("id")): r for r in values.to_pylist()}
         n = 0
         for path in self.files:
@@ -321,8 +525,7 @@ class TableStore(Store):
         _write_parquet(path, table)
         return hits
 
-    def insert(self, records: pa.Table, archived: pa.Table | None = None) -> int:
-        """Put archived records back at their positions in their files (see `records.put_back`)."""
+    def _insert(self, records: pa.Table, archived: pa.Table | None = None) -> int:
         archived = records if archived is None else archived
         n = 0
         for file in sorted(set(records.column(FILE).to_pylist())):
