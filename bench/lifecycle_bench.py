@@ -22,11 +22,15 @@ engine for a corpus of useful size): the same tables, plus the pairs without a v
 parsed, counted as no update). `--lows` narrows the band sweep (each low is one more pass of the judge).
 
 `--fit` first fits the `slot` judge's network (one hidden layer, torch) on the candidate pairs of a seed-0 corpus
-(`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold (best pair F1) on the next
-third as many seed-0 conversations, and writes the judge's weights (`memprune/prune/updates/slot.safetensors`),
-which the measurement then reads.
+(`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold on the next third as many
+seed-0 conversations (the selection pairs, in the swept band: the lowest threshold whose pair precision there is
+>= 0.97, recall first), and writes the judge's weights (`memprune/prune/updates/slot.safetensors`), which the
+measurement then reads. `--select` only chooses the threshold again, the same way, for the weights as they are
+(no refit; give the `--fit-conversations` they were fitted with, so that the selection conversations are the
+same held-back ones).
 
     python bench/lifecycle_bench.py --conversations 120 --updates 0.3 --seed 1 2 [--fit]
+    python bench/lifecycle_bench.py --select --fit-conversations 900 --conversations 120 --seed 1 2
     python bench/lifecycle_bench.py --judge llm --llm configs/llm/vllm-gpu.yaml --conversations 120 --seed 1
 """
 
