@@ -152,8 +152,11 @@ def select(held_out: Any, encode: Any, high: float, path: Path, w: dict[str, np.
     threshold, table = choose_threshold(update_probability(xh, w), yh)
     print(f"select: held-out pair precision / recall by threshold "
           f"{json.dumps({t: [round(v['precision'], 4), round(v['recall'], 4)] for t, v in table.items()})}")
-    meta = {**(meta or {}), "threshold": f"{threshold:.2f}: the lowest with held-out pair precision >= "
-            f"{SELECT_PRECISION} on {len(yh)} pairs in [{min(LOWS):g}, {high:g}) of other seed-0 conversations"}
+    rule = (f"the lowest with held-out pair precision >= {SELECT_PRECISION}"
+            if table[f"{threshold:.2f}"]["precision"] >= SELECT_PRECISION else "the best held-out pair F1 (none "
+            f"reaches precision {SELECT_PRECISION})")
+    meta = {**(meta or {}), "threshold": f"{threshold:.2f}: {rule} on {len(yh)} pairs in [{min(LOWS):g}, {high:g}) "
+            "of other seed-0 conversations"}
     save_file({**{k: v for k, v in w.items() if k != "threshold"},
                "threshold": np.array([threshold], dtype=np.float32)}, str(path), metadata=meta)
     return {"path": str(path), "threshold": threshold, "held_out_pairs": int(len(yh)),
