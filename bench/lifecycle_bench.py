@@ -22,11 +22,15 @@ engine for a corpus of useful size): the same tables, plus the pairs without a v
 parsed, counted as no update). `--lows` narrows the band sweep (each low is one more pass of the judge).
 
 `--fit` first fits the `slot` judge's network (one hidden layer, torch) on the candidate pairs of a seed-0 corpus
-(`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold (best pair F1) on the next
-third as many seed-0 conversations, and writes the judge's weights (`memprune/prune/updates/slot.safetensors`),
-which the measurement then reads.
+(`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold on the next third as many
+seed-0 conversations (the selection pairs, in the swept band: the lowest threshold whose pair precision there is
+>= 0.97, recall first), and writes the judge's weights (`memprune/prune/updates/slot.safetensors`), which the
+measurement then reads. `--select` only chooses the threshold again, the same way, for the weights as they are
+(no refit; give the `--fit-conversations` they were fitted with, so that the selection conversations are the
+same held-back ones).
 
     python bench/lifecycle_bench.py --conversations 120 --updates 0.3 --seed 1 2 [--fit]
+    python bench/lifecycle_bench.py --select --fit-conversations 900 --conversations 120 --seed 1 2
     python bench/lifecycle_bench.py --judge llm --llm configs/llm/vllm-gpu.yaml --conversations 120 --seed 1
 """
 
@@ -44,8 +48,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-LOWS = [0.4, 0.5, 0.6, 0.7, 0.8]
+LOWS = [0.3, 0.4, 0.5, 0.6, 0.7, 0.8]
 FIT_SEED = 0
+SELECT_PRECISION = 0.97  # the slot judge's threshold: the lowest keeping this pair precision (held-back seed 0)
 
 
 class Cached:
@@ -106,20 +111,65 @@ def judge_pairs(rows: list[dict[str, Any]], a: np.ndarray, b: np.ndarray, c: np.
     return Pairs([rows[i]["text"] for i in a], [rows[j]["text"] for j in b], c, encode, emb[a], emb[b])
 
 
+def threshold_pairs(data: Any, encode: Any, high: float) -> tuple[np.ndarray, np.ndarray]:
+    """The slot judge's features of the candidate pairs of `data` (rows, truth, embeddings) in the swept band
+    [min(LOWS), high), and whether each is an update."""
+    from memprune.prune.updates.slot import features
+
+    rows, truth, emb = data
+    a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), high)
+    return features(judge_pairs(rows, a, b, c, emb, encode)), y
+
+
+def choose_threshold(p: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, dict[str, float]]]:
+    """The lowest threshold (of 0.01, 0.02, ... 0.99) whose pair precision on the selection pairs is at least
+    `SELECT_PRECISION` (recall first: a stale fact kept is the miss that counts; the best F1 if none is), and the
+    precision, recall and F1 at each."""
+    table = {}
+    for t in np.arange(1, 100) / 100:
+        said = p >= t
+        tp = float((said & y).sum())
+        table[f"{t:.2f}"] = {"precision": tp / max(int(said.sum()), 1), "recall": tp / max(int(y.sum()), 1),
+                             "f1": 2 * tp / max(int(said.sum() + y.sum()), 1)}
+    ok = [t for t, v in table.items() if v["precision"] >= SELECT_PRECISION]
+    best = min(ok, key=float) if ok else max(table, key=lambda t: table[t]["f1"])
+    return float(best), table
+
+
+def select(held_out: Any, encode: Any, high: float, path: Path, w: dict[str, np.ndarray] | None = None,
+           meta: dict[str, str] | None = None) -> dict[str, Any]:
+    """Choose the slot judge's threshold on `held_out` (seed-0 conversations it was not fitted on) and write the
+    weights `w` (default: the file at `path`, its network unchanged) with it to `path`."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from memprune.prune.updates.slot import update_probability
+
+    if w is None:
+        with safe_open(str(path), "np") as f:
+            w, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    xh, yh = threshold_pairs(held_out, encode, high)
+    threshold, table = choose_threshold(update_probability(xh, w), yh)
+    print(f"select: held-out pair precision / recall by threshold "
+          f"{json.dumps({t: [round(v['precision'], 4), round(v['recall'], 4)] for t, v in table.items()})}")
+    rule = (f"the lowest with held-out pair precision >= {SELECT_PRECISION}"
+            if table[f"{threshold:.2f}"]["precision"] >= SELECT_PRECISION else "the best held-out pair F1 (none "
+            f"reaches precision {SELECT_PRECISION})")
+    meta = {**(meta or {}), "threshold": f"{threshold:.2f}: {rule} on {len(yh)} pairs in [{min(LOWS):g}, {high:g}) "
+            "of other seed-0 conversations"}
+    save_file({**{k: v for k, v in w.items() if k != "threshold"},
+               "threshold": np.array([threshold], dtype=np.float32)}, str(path), metadata=meta)
+    return {"path": str(path), "threshold": threshold, "held_out_pairs": int(len(yh)),
+            "held_out_updates": int(yh.sum()), "held_out": table[f"{threshold:.2f}"]}
+
+
 def fit(data: Any, held_out: Any, encode: Any, high: float, path: Path, hidden: int = 128, dropout: float = 0.5,
         epochs: int = 15) -> dict[str, Any]:
     """Fit the slot judge's network on the candidate pairs of `data` (rows, truth, embeddings of seed 0), choose its
-    threshold (best pair F1) on `held_out` (other seed-0 conversations) and write its weights to `path`."""
+    threshold on `held_out` (other seed-0 conversations; `select`) and write its weights to `path`."""
     import torch
-    from safetensors.numpy import save_file
 
-    from memprune.prune.updates.slot import features, probability
-
-    def pairs(rows: Any, truth: Any, emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), high)
-        return features(judge_pairs(rows, a, b, c, emb, encode)), y
-
-    x, y = pairs(*data)
+    x, y = threshold_pairs(data, encode, high)
     mean, scale = x.mean(0), np.maximum(x.std(0), 1e-6)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(),
@@ -139,17 +189,10 @@ def fit(data: Any, held_out: Any, encode: Any, high: float, path: Path, hidden: 
     w = {k: v.detach().numpy() for k, v in net.state_dict().items()}
     w = {"mean": mean, "scale": scale.astype(np.float32), "w1": w["1.weight"], "b1": w["1.bias"],
          "w2": w["3.weight"][0], "b2": w["3.bias"]}
-    xh, yh = pairs(*held_out)
-    p = probability(xh, w)
-    f1 = {t: 2 * float(((p >= t) & yh).sum()) / max(int((p >= t).sum() + yh.sum()), 1) for t in np.arange(1, 10) / 10}
-    threshold = max(f1, key=f1.get)
-    print(f"fit: held-out pair F1 by threshold {json.dumps({f'{t:.1f}': round(v, 3) for t, v in f1.items()})}")
-    save_file({**w, "threshold": np.array([threshold], dtype=np.float32)}, str(path),
-              metadata={"fitted_on": f"memprune synth --updates, seed {FIT_SEED}", "pairs": str(len(y)),
-                        "updates": str(int(y.sum())), "hidden": str(hidden), "dropout": str(dropout),
-                        "epochs": str(epochs)})
-    return {"path": str(path), "pairs": int(len(y)), "updates": int(y.sum()), "hidden": hidden, "dropout": dropout,
-            "epochs": epochs, "threshold": threshold, "held_out_pairs": int(len(yh)), "held_out_f1": f1[threshold]}
+    meta = {"fitted_on": f"memprune synth --updates, seed {FIT_SEED}", "pairs": str(len(y)),
+            "updates": str(int(y.sum())), "hidden": str(hidden), "dropout": str(dropout), "epochs": str(epochs)}
+    return {"pairs": int(len(y)), "updates": int(y.sum()), "hidden": hidden, "dropout": dropout, "epochs": epochs,
+            **select(held_out, encode, high, path, w, meta)}
 
 
 def measure(pruner_for: Any, rows: list[dict[str, Any]], truth: dict[str, Any], low: float) -> dict[str, Any]:
@@ -278,7 +321,11 @@ def main() -> None:
     ap.add_argument("--llm", default=None, help="--judge llm: the LLM config YAML (configs/llm/)")
     ap.add_argument("--lows", type=float, nargs="+", default=LOWS, help="the band's lower edges swept")
     ap.add_argument("--fit", action="store_true", help="fit the slot judge on seed 0 first and write its weights")
-    ap.add_argument("--fit-conversations", type=int, default=300, help="the size of --fit's seed-0 corpus")
+    ap.add_argument("--select", action="store_true",
+                    help="choose the shipped slot judge's threshold again on the held-back seed-0 conversations "
+                         "(those after --fit-conversations; no refit) and write it into its weights")
+    ap.add_argument("--fit-conversations", type=int, default=300,
+                    help="the size of --fit's seed-0 corpus (a third as many more select the threshold)")
     ap.add_argument("--budget", type=int, default=40, help="tokens per session for the newest-kept comparison")
     ap.add_argument("--scorer", default=None, help="a scorer artifact (default: an untrained all-MiniLM-L6-v2 head)")
     ap.add_argument("--out", default="runs/bench-lifecycle")
@@ -303,13 +350,17 @@ def main() -> None:
     scorer = Cached(base)
     result: dict[str, Any] = {"encoder": base.config.encoder, "conversations": args.conversations,
                               "updates": args.updates}
-    if args.fit:
+    if args.fit or args.select:
         data = []
-        for first, n in ((0, args.fit_conversations), (args.fit_conversations, args.fit_conversations // 3)):
+        for first, n in ((0, args.fit_conversations), (args.fit_conversations, args.fit_conversations // 3))[
+                0 if args.fit else 1:]:
             rows, truth = corpus(n, args.updates, FIT_SEED, first)
             data.append((rows, truth, score_and_embed(scorer, [r["text"] for r in rows], 128)[1]))
-        result["fitted"] = fit(*data, scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
-        print(f"fitted on seed {FIT_SEED}: {json.dumps(result['fitted'])}", flush=True)
+        if args.fit:
+            result["fitted"] = fit(*data, scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
+        else:
+            result["selected"] = select(data[0], scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
+        print(f"seed {FIT_SEED}: {json.dumps(result.get('fitted', result.get('selected')))}", flush=True)
     result["seeds"] = []
     for seed in args.seed:
         result["seeds"].append(run_seed(seed, args, scorer, DEDUP_THRESHOLD))

@@ -42,7 +42,7 @@ class Supersede(ConfigModel):
     scope: Literal["conversation", "session"] = Field(
         "conversation", description="where an update can supersede: the conversation (a store's user) or the session")
     subject: str = Field("speaker", min_length=1, description="column (mapping key) of whom a fact is about")
-    low: float = Field(0.4, ge=-1.0, le=1.0, description="candidate pairs: cosine >= low")
+    low: float = Field(0.3, ge=-1.0, le=1.0, description="candidate pairs: cosine >= low")
     high: float | None = Field(None, ge=-1.0, le=1.0,
                                description="... and cosine < high (default: the dedup threshold)")
     llm_config: str | None = Field(None, description="judge llm: a YAML file of memprune.llm.LLMConfig fields")

@@ -94,13 +94,17 @@ def probability(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-(h @ w["w2"] + w["b2"][0])))
 
 
+def update_probability(x: np.ndarray, w: dict[str, np.ndarray]) -> np.ndarray:
+    """`probability`, and 0 for a pair that differs in no word or where one side only adds words (never an update)."""
+    return np.where((x[:, 4] > 0) & (x[:, 5] > 0), probability(x, w), 0.0)
+
+
 def judge(pairs: Pairs, settings: Any = None) -> np.ndarray:
-    """B updates A where the probability is >= the fitted threshold; a pair that differs in no word (or one side
-    only adds words) is never an update."""
+    """B updates A where `update_probability` is >= the threshold stored with the weights."""
     if not len(pairs):
         return np.zeros(0, dtype=bool)
     x, w = features(pairs), weights()
-    return (probability(x, w) >= w["threshold"][0]) & (x[:, 4] > 0) & (x[:, 5] > 0)
+    return update_probability(x, w) >= w["threshold"][0]
 
 
 ENTRY = register(UpdateJudgeEntry(
