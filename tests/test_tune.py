@@ -50,6 +50,7 @@ def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TuneConfig:
         "points": [{"loss.rank_weight": 0.5}, {"stage2.lr": 3.0}],
         "scheduler": {"grace_period": 1, "reduction_factor": 2},
     }
+    train.update(extra.pop("train", {}))  # a stage's settings given replace that stage's
     base.update(extra)
     return TuneConfig.model_validate(base)
 
