@@ -11,6 +11,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -110,12 +111,7 @@ def test_apply_then_restore_gives_back_every_record_byte_for_byte(tmp_path_facto
     dropped = {r["id"] for r, k in zip(rows, keep) if not k}
     assert result["deleted"] == len(dropped)
     # apply changed nothing but the dropped records: what is left is the original minus them, byte for byte
-    if fmt == "parquet":
-        schema, left = parquet_state(path)
-        assert schema == before[0] and left == [r for r in before[1] if r["id"] not in dropped]
-    else:
-        header, lines = _split_records(original, fmt)
-        assert path.read_bytes() == header + b"".join(line for rid, line in lines if rid not in dropped)
+    _only_dropped_gone(path, fmt, before, original, dropped)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert {r["id"] for r in scan_current(store).to_pylist()} == {r["id"] for r in rows} - dropped
     # restore gives back the original file (Parquet: the same schema and rows, in order)
@@ -155,6 +151,17 @@ def _split_records(raw: bytes, fmt: str) -> tuple[bytes, list[tuple[str, bytes]]
         else:
             out.append((row[0], chunk))
     return header, out
+
+
+def _only_dropped_gone(path: Path, fmt: str, before: Any, original: bytes, dropped: set[str]) -> None:
+    """What is left of the store file is the original minus the dropped records, byte for byte (Parquet: schema and
+    rows)."""
+    if fmt == "parquet":
+        schema, left = parquet_state(path)
+        assert schema == before[0] and left == [r for r in before[1] if r["id"] not in dropped]
+    else:
+        header, lines = _split_records(original, fmt)
+        assert path.read_bytes() == header + b"".join(line for rid, line in lines if rid not in dropped)
 
 
 def test_partial_restores_put_each_record_back_in_its_place(tmp_path) -> None:
@@ -258,12 +265,7 @@ def test_a_live_group_apply_then_restore_gives_back_every_byte(tmp_path_factory,
     dropped = {i for i, k in zip(decided.column("bullet_id").to_pylist(), decided.column("keep").to_pylist()) if not k}
     done = apply_group(store, decided, d / "archive")
     assert done["deleted"] == len(dropped) and done["skipped"] == []
-    if fmt == "parquet":
-        schema, left = parquet_state(path)
-        assert schema == before[0] and left == [r for r in before[1] if r["id"] not in dropped]
-    else:
-        header, lines = _split_records(original, fmt)
-        assert path.read_bytes() == header + b"".join(line for rid, line in lines if rid not in dropped)
+    _only_dropped_gone(path, fmt, before, original, dropped)
     if dropped:
         assert restore(d / "archive")["restored"] == len(dropped)
     assert (parquet_state(path) == before) if fmt == "parquet" else (path.read_bytes() == original)

@@ -126,15 +126,21 @@ def parse_jsonl(text: str, id_column: str) -> RecordFile:
         if not line.strip(_WS):
             chunks.append(Chunk(None, line))
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise RecordError(f"line {n}: a JSONL record must be an object, got {type(obj).__name__}")
+        obj = _jsonl_object(line, n)
         columns.update(dict.fromkeys(obj))
         chunks.append(Chunk(id_text(obj.get(id_column)) or f"\0line{n}", line, obj))
     return RecordFile("jsonl", "", chunks, list(columns))
+
+
+def _jsonl_object(line: str, n: int) -> dict[str, Any]:
+    """Line `n` of a JSONL file as its object; a line that is not a JSON object is a RecordError naming it."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise RecordError(f"line {n}: a JSONL record must be an object, got {type(obj).__name__}")
+    return obj
 
 
 def _lines(text: str) -> list[str]:
@@ -185,12 +191,7 @@ def _scan_jsonl(text: str, id_column: str, keep: Callable[[dict[str, Any]], bool
     for n, at, line in _jsonl_lines(text, needle):
         if not line.strip(_WS):
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise RecordError(f"line {n}: a JSONL record must be an object, got {type(obj).__name__}")
+        obj = _jsonl_object(line, n)
         if keep(obj):
             columns.update(dict.fromkeys(obj))
             found.append(Found(n - 1, at, Chunk(id_text(obj.get(id_column)) or f"\0line{n}", line, obj)))
