@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from memprune.prune import (
     run_prune,
     score_texts,
 )
+from memprune.prune.stage import where_to_score
 from memprune.schema import BULLETS
 from memprune.scorer import Scorer
 from memprune.tokens import token_counter
@@ -106,7 +108,8 @@ def streamed(ray_local, scorer_dir, store, tmp_path_factory):
     result = CliRunner().invoke(
         app,
         ["prune", "--scorer", str(scorer_dir), "--input", str(store), "--out", str(out), "--threshold", "0.5",
-         "--top-k", "3", "--set", "block_rows=16", "--set", "progress=false", "--set", "actors=2"],
+         "--top-k", "3", "--set", "block_rows=16", "--set", "progress=false", "--set", "actors=2",
+         "--set", "execution=ray"],
     )
     assert result.exit_code == 0, result.output
     return out, json.loads((out / "prune.json").read_text())
@@ -210,6 +213,37 @@ def test_prune_json_says_where_the_time_went(streamed):
     assert "Time: checks " in (out / "prune.md").read_text()
 
 
+def test_scoring_on_the_driver_writes_what_the_ray_job_writes(streamed, scorer_dir, store, tmp_path):
+    """execution driver (auto's choice for a small store with no cluster named): the same store, files, decisions
+    and counters as the Ray job, without Ray; prune.json says where it ran."""
+    from typer.testing import CliRunner
+
+    from memprune.cli import app
+
+    ray_out, ray_summary = streamed
+    args = ["prune", "--scorer", str(scorer_dir), "--input", str(store), "--threshold", "0.5", "--top-k", "3",
+            "--set", "block_rows=16", "--set", "progress=false"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path), "--set", "execution=driver",
+                                      "--set", "rows_per_file=100"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "prune.json").read_text())
+    assert summary["resources"]["execution"] == "driver" and ray_summary["resources"]["execution"] == "ray"
+    assert summary["resources"]["actors"] == 1 and summary["resources"]["nodes"] == 1
+    assert "ray_init_s" not in summary["timing"]["parts"]
+    got, want = read_pruned(tmp_path), read_pruned(ray_out)
+    assert len(summary["output"]["files"]) == math.ceil(got.num_rows / 100) > 1  # cut as write_parquet cuts them
+    assert got.drop_columns(["score"]).equals(want.drop_columns(["score"]))
+    np.testing.assert_allclose(got["score"].to_numpy(), want["score"].to_numpy(), rtol=1e-5, atol=1e-6)
+    for key in ("groups", "result", "settings", "duplicates"):
+        assert summary[key] == ray_summary[key], key
+    # auto: this small store with no cluster named is scored here; naming a cluster or a bigger store: on Ray
+    cfg = PruneConfig(scorer=str(scorer_dir), input=str(store), out=str(tmp_path / "x"))
+    assert where_to_score(cfg, 100) == "driver"
+    assert where_to_score(cfg.model_copy(update={"driver_rows": 99}), 100) == "ray"
+    assert where_to_score(cfg.model_copy(update={"ray_address": "auto"}), 100) == "ray"
+    assert where_to_score(cfg.model_copy(update={"execution": "ray"}), 1) == "ray"
+
+
 def test_window_split_and_underused_seconds():
     from memprune.timing import underused_seconds, window_split
 
@@ -264,7 +298,7 @@ def test_shuffle_path_for_interleaved_groups(ray_local, scorer_dir, store, corpu
     """group_by speaker: a speaker's bullets interleave across sessions, so the job must shuffle (here through the
     distributed `Dataset.sort`, as on a store above `sort_in_memory` rows; test_prune_job_policies.py runs the
     driver-side sort of a small store)."""
-    summary = _job(scorer_dir, store, tmp_path, group_by="speaker", actors=1, sort_in_memory=0)
+    summary = _job(scorer_dir, store, tmp_path, group_by="speaker", actors=1, sort_in_memory=0, execution="ray")
     assert summary["grouping"]["mode"] == "shuffle" and not summary["grouping"]["contiguous"]
     assert summary["grouping"]["sort"] == "distributed"
     got = read_pruned(tmp_path)
@@ -298,8 +332,9 @@ def test_nan_scores_fail_the_job_loudly(ray_local, scorer_dir, store, streamed, 
     shutil.copytree(streamed[0], tmp_path / "out")
     files = sorted((tmp_path / "out").rglob("*"))
     before = [(str(f.relative_to(tmp_path / "out")), f.read_bytes() if f.is_file() else None) for f in files]
-    with pytest.raises(PruneError, match=r"non-finite score.*first for bullet"):
-        _job(broken, store, tmp_path / "out", actors=1)
+    for execution in ("ray", "driver"):  # inside an actor or in this process: the same one line
+        with pytest.raises(PruneError, match=r"non-finite score.*first for bullet"):
+            _job(broken, store, tmp_path / "out", actors=1, execution=execution)
     files = sorted((tmp_path / "out").rglob("*"))
     assert [(str(f.relative_to(tmp_path / "out")), f.read_bytes() if f.is_file() else None) for f in files] == before
     with pytest.raises(PruneError, match="non-finite"):

@@ -12,7 +12,7 @@
 - `scoring`: scoring helpers and `MemoryPruner` (in-process, no Ray).
 - `stats`: per-group counters and the before/after summary.
 - `store`: the Parquet store, its block plan, the atomic swap of the output.
-- `job`: the Ray Data job (datasource, scoring actors, shuffle fallback).
+- `job`: the Ray Data job (datasource, scoring actors, shuffle fallback), and the same work on the driver.
 - `stage`: `run(cfg)`; `report`: prune.md.
 """
 

@@ -11,6 +11,8 @@ as one block (the sort's fixed cost of tasks and stages dominates a small input)
 
 from __future__ import annotations
 
+import platform
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -62,14 +64,8 @@ def _make_datasource(plan: Plan, schema: pa.Schema, add_row: bool, sortkey: tupl
 
     def make_read_fn(blocks: list[tuple[int, int]]) -> Callable[[], Iterator[pa.Table]]:
         def read_fn() -> Iterator[pa.Table]:
-            whole = read_rows(files, blocks[0][0], blocks[-1][1], schema)
             for a, b in blocks:
-                t = whole.slice(a - blocks[0][0], b - a)
-                if add_row:
-                    t = t.append_column(ROW, pa.array(np.arange(a, b, dtype=np.int64)))
-                if sortkey:
-                    t = t.append_column(SORTKEY, _sort_key(t, sortkey))
-                yield t
+                yield _planned_block(files, a, b, schema, add_row, sortkey)
         return read_fn
 
     class BulletStore(Datasource):
@@ -93,6 +89,16 @@ def _make_datasource(plan: Plan, schema: pa.Schema, add_row: bool, sortkey: tupl
     return BulletStore()
 
 
+def _planned_block(files: Sequence[Any], a: int, b: int, schema: pa.Schema, add_row: bool,
+                   sortkey: tuple[str, ...] | None) -> pa.Table:
+    """Store rows [a, b) with the shuffle path's helper columns (input position, sort key) where asked."""
+    t = read_rows(files, a, b, schema)
+    if add_row:
+        t = t.append_column(ROW, pa.array(np.arange(a, b, dtype=np.int64)))
+    if sortkey:
+        t = t.append_column(SORTKEY, _sort_key(t, sortkey))
+    return t
+
 
 def _sort_key(table: pa.Table, keys: Sequence[str]) -> pa.Array:
     """One string sort key per row for the shuffle path (nulls -> empty; grouping itself uses the real keys)."""
@@ -105,8 +111,18 @@ def _sort_key(table: pa.Table, keys: Sequence[str]) -> pa.Array:
     return parts[0].combine_chunks() if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x1f").combine_chunks()
 
 
+def _tell(tally: Any, method: str, *args: Any) -> Any:
+    """Call a `_Tally` method: on the Ray actor (and wait for it), or on the driver's own `_Tally`."""
+    fn = getattr(tally, method)
+    if hasattr(fn, "remote"):
+        import ray
+
+        return ray.get(fn.remote(*args))
+    return fn(*args)
+
+
 class _Tally:
-    """Ray actor collecting per-block counters and timings; fails when one group reaches it from two blocks."""
+    """Ray actor (or, scoring on the driver, a plain object) collecting per-block counters and timings; fails when one group reaches it from two blocks."""
 
     def __init__(self, settings: list[PruneRule]) -> None:
         self.stats = empty_stats(settings)
@@ -181,21 +197,18 @@ class ScoreActor(EncoderActor):
     REQUIRED_COLUMNS = ("bullet_id", "text")
 
     def setup(self, settings: ScoreSettings, device: str) -> None:
-        import ray
-
         from memprune.scorer import Scorer
 
         self.s = settings
         self.scorer = Scorer.load(settings.scorer_path, device=device, precision=settings.precision)
         self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
-        context = ray.get_runtime_context()
-        self.name = context.get_actor_id()
-        ray.get(settings.tally.add_actor.remote(self.scorer.precision, context.get_node_id(), self.name,
-                                                (self.created, now())))
+        ray = sys.modules.get("ray")  # not imported when scoring on the driver without Ray
+        context = ray.get_runtime_context() if ray is not None and ray.is_initialized() else None
+        self.name = (context and context.get_actor_id()) or "driver"
+        node = context.get_node_id() if context else platform.node()
+        _tell(settings.tally, "add_actor", self.scorer.precision, node, self.name, (self.created, now()))
 
     def __call__(self, block: pa.Table) -> pa.Table:
-        import ray
-
         s = self.s
         started, t0, tokenizing = now(), time.perf_counter(), self.scorer.tokenize_s
         texts = block.column("text").to_pylist()
@@ -212,7 +225,7 @@ class ScoreActor(EncoderActor):
         t2 = time.perf_counter()
         times["tokens_s"] = t2 - t1
         if not s.decide_here:
-            ray.get(s.tally.add_time.remote(times, (started, now()), self.name))
+            _tell(s.tally, "add_time", times, (started, now()), self.name)
             block = block.append_column("score", pa.array(scores, pa.float64())).append_column(TOKENS, pa.array(tokens))
             if emb is not None:  # carried through the sort to the decision
                 block = block.append_column(EMB, pa.FixedSizeListArray.from_arrays(emb.reshape(-1), emb.shape[1]))
@@ -222,8 +235,8 @@ class ScoreActor(EncoderActor):
                                   lambda t: self.scorer.embed(t, batch_size=s.batch_size))
         out = with_outputs(block, scores, decision)
         times["decide_s"] = time.perf_counter() - t2
-        ray.get(s.tally.add_time.remote(times, (started, now()), self.name))
-        ray.get(s.tally.add.remote(stats))
+        _tell(s.tally, "add_time", times, (started, now()), self.name)
+        _tell(s.tally, "add", stats)
         return out
 
 
@@ -267,8 +280,6 @@ def decide_sorted_block(
 ) -> pa.Table:
     """Shuffle path: a block of whole groups (whole scopes) after the sort; order rows by (group, input position)
     and decide. `scorer`: the artifact whose encoder an update judge may need."""
-    import ray
-
     if block.num_rows == 0:
         empty = np.zeros(0, dtype=np.int64)
         forgets = np.zeros(0) if settings[0].retention.forgets else None  # the same columns as every other block
@@ -290,8 +301,8 @@ def decide_sorted_block(
     stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb, block, lives,
                               _encoder(scorer) if scorer else None)
     out = with_outputs(block, scores, decision)
-    ray.get(tally.add_time.remote({"decide_s": now() - started}, (started, now())))
-    ray.get(tally.add.remote(stats))
+    _tell(tally, "add_time", {"decide_s": now() - started}, (started, now()))
+    _tell(tally, "add", stats)
     return out
 
 
@@ -326,6 +337,60 @@ def pipeline_timing(start: float, end: float, stats: dict[str, Any]) -> dict[str
     return {"pipeline_s": end - start, "actor_start_s": window["startup_s"], "stall_s": window["stall_s"],
             "drain_s": window["drain_s"], "underused_s": underused_seconds([spans.get(a, []) for a in loading]),
             "actors": actors}
+
+
+def run_on_driver(
+    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Location, calibrated: bool = False,
+    lives: Lives | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
+    """`run_pipeline` without Ray (`execution: driver`): the same blocks, scoring, decision and output files, one
+    scorer in this process on `res.device` with its threads; returns what `run_pipeline` returns."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    keys, settings = config.rule.keys, config.settings()
+    shuffle = plan.mode == "shuffle"
+    t1 = now()
+    tally = _Tally(settings)
+    scorer = ScoreActor(ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length,
+                                      config.precision, config.tokenizer, list(keys), settings, not shuffle, tally,
+                                      calibrated=calibrated, lives=lives), res.device, res.threads)
+    sortkey = config.rule.unit_keys if shuffle else None
+    blocks: list[pa.Table] = []
+    with Progress(TextColumn("prune: scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("bullets"),
+                  TimeElapsedColumn(), console=Console(stderr=True), disable=not config.progress) as progress:
+        task = progress.add_task("score", total=plan.rows)
+        for a, b in plan.blocks:
+            blocks.append(scorer(_planned_block(plan.files, a, b, schema, shuffle, sortkey)))
+            progress.advance(task, b - a)
+    if shuffle:  # every group whole in one block: the scored rows, decided as one (as `sort_in_memory`)
+        blocks = [decide_sorted_block(pa.concat_tables(blocks), list(keys), settings, tally, lives,
+                                      canonical(config.scorer) if config.rule.supersede.on else None)]
+    preview = None
+    if config.dry_run:
+        rate = min(1.0, config.preview_groups / max(plan.runs, 1))
+        parts = [p for p in (preview_block(b, list(keys), rate) for b in blocks) if p.num_rows]
+        preview = pa.concat_tables(parts) if parts else None
+    else:
+        _write_parts(blocks, tmp, config.rows_per_file)
+    stats = tally.result()
+    stats["sort"] = None if not shuffle else "driver"
+    return stats, pipeline_timing(t1, now(), stats), preview
+
+
+def _write_parts(blocks: list[pa.Table], tmp: Location, min_rows: int) -> None:
+    """The decided blocks, in order, as part-00000.parquet, ... of at least `min_rows` rows each (the last one:
+    what is left), as the Ray path's `write_parquet(min_rows_per_file=...)` cuts them."""
+    import pyarrow.parquet as pq
+
+    tmp.fs.create_dir(tmp.path, recursive=True)
+    pending: list[pa.Table] = []
+    written = 0
+    for i, block in enumerate(blocks):
+        pending.append(block)
+        if sum(t.num_rows for t in pending) >= min_rows or i == len(blocks) - 1:
+            pq.write_table(pa.concat_tables(pending), (tmp / f"part-{written:05d}.parquet").path, filesystem=tmp.fs)
+            pending, written = [], written + 1
 
 
 def run_pipeline(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from memprune.prune.store import (
     plan_store,
     read_parquet,
 )
-from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors
+from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors, use_gpu
 from memprune.scorer import ScorerError, artifact_path, check_artifact, load_calibration
 from memprune.storage import canonical, location
 from memprune.timing import time_split
@@ -199,6 +201,27 @@ def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
                               for r in rows))
 
 
+def where_to_score(config: PruneConfig, rows: int) -> str:
+    """Where the bullets are scored (`config.execution`): auto = on the driver for up to `driver_rows` rows when
+    no cluster is named or connected and the device asked for is here, else on Ray."""
+    if config.execution != "auto":
+        return config.execution
+    ray = sys.modules.get("ray")
+    if (rows > config.driver_rows or config.ray_address or os.environ.get("RAY_ADDRESS")
+            or (ray is not None and ray.is_initialized() and sum(n["Alive"] for n in ray.nodes()) > 1)):
+        return "ray"
+    if config.use_gpu is True and not driver_devices()["GPU"]:
+        return "ray"
+    return "driver"
+
+
+def driver_devices() -> dict[str, float]:
+    """This process's devices in the form `use_gpu` reads (a Ray cluster's resources)."""
+    import torch
+
+    return {"GPU": float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0}
+
+
 def timing_of(started: float, finishing: float, parts: dict[str, float], pipeline: dict[str, Any],
               stats: dict[str, Any], plan: Any) -> dict[str, Any]:
     """prune.json `timing`: wall, compute and overhead (`memprune.timing.time_split`), and `parts`, the wall time cut
@@ -241,7 +264,13 @@ def run(config: PruneConfig) -> dict[str, Any]:
     res: ActorResources | None = None
     parts = {"checks_s": time.perf_counter() - started}  # prune.json timing.parts: where the wall time went
     block_rows = config.block_rows
-    if rows_wanted:
+    on_driver = where_to_score(config, rows_wanted) == "driver"
+    if rows_wanted and on_driver:
+        import torch
+
+        res = ActorResources(1, "cuda" if use_gpu(config.use_gpu, driver_devices()) else "cpu",
+                             torch.get_num_threads(), 0.0, 0)
+    elif rows_wanted:
         t0 = time.perf_counter()
         ensure_ray(config.ray_address)
         import ray
@@ -261,10 +290,11 @@ def run(config: PruneConfig) -> dict[str, Any]:
     if scores_used["note"]:  # after every input check, so that a bad input stays one error line
         console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False, soft_wrap=True)
     console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "
-                  f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks", highlight=False)
+                  f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks; "
+                  f"{'scored on the driver' if on_driver else 'on Ray'}", highlight=False)
     with OutputSet(out, "prune") as outputs:
         summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, parts,
-                            started, outputs, scores_used, given_rule, lives, life_info)
+                            started, outputs, scores_used, given_rule, lives, life_info, on_driver)
     where = "dry run, no store written" if config.dry_run else str(out / STORE_DIR)
     console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
                   f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {where}", highlight=False)
@@ -275,9 +305,9 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
               settings: list[PruneRule], files: list[Any], notes: list[str],
               scorer_info: dict[str, Any], block_rows: int, parts: dict[str, float], started: float,
               outputs: OutputSet, scores_used: dict[str, Any], given_rule: PruneRule, lives: Any,
-              life_info: dict[str, Any] | None) -> dict[str, Any]:
+              life_info: dict[str, Any] | None, on_driver: bool) -> dict[str, Any]:
     """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
-    from memprune.prune.job import run_pipeline
+    from memprune.prune.job import run_on_driver, run_pipeline
 
     rule = config.rule
     store = outputs.target(STORE_DIR)
@@ -290,8 +320,8 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
             store.fs.create_dir(store.path, recursive=True)
             pq.write_table(out_schema.empty_table(), (store / "part-00000.parquet").path, filesystem=store.fs)
     else:
-        stats, timing, preview = run_pipeline(config, res, plan, schema, store,
-                                              calibrated=scores_used["used"] == "calibrated", lives=lives)
+        stats, timing, preview = (run_on_driver if on_driver else run_pipeline)(
+            config, res, plan, schema, store, calibrated=scores_used["used"] == "calibrated", lives=lives)
     finishing = time.perf_counter()
     written = [] if config.dry_run else finalize_files(store)
     rows_out = sum(parquet_file(p).metadata.num_rows for p in written)
@@ -341,7 +371,8 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
         "settings": per_setting,
         "scores": {"mean": stats["score_sum"] / stats["rows"] if stats["rows"] else None, "min": stats["score_min"],
                    "max": stats["score_max"]},
-        "resources": None if res is None else {"actors": res.actors, "device": res.device, "threads_per_actor": res.threads,
+        "resources": None if res is None else {"execution": "driver" if on_driver else "ray",
+                                                "actors": res.actors, "device": res.device, "threads_per_actor": res.threads,
                                                 "actor_cpu_request": res.cpus, "batch_size": config.batch_size,
                                                 "block_rows": block_rows,
                                                 # what the actors ran at, resolved on their device; and the request
