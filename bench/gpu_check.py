@@ -309,7 +309,8 @@ def section_prune(a: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
         with gpu_sampled({"precision": precision}) as rec:
             job = run_child("job", {"scorer": str(scorer), "store": str(store), "out": str(out), "precision": precision,
-                                    "batch_size": a["batch_size"], "block_rows": a["block_rows"], "dedup": True})
+                                    "batch_size": a["batch_size"], "block_rows": a["block_rows"], "dedup": True,
+                                    "bullets": a["bullets"], "execution": "ray"})  # the Ray Data path, at any size
         jobs.append({**rec, **{k: job[k] for k in ("rows", "actors", "bullets_per_s", "pipeline_s", "overhead_share",
                                                    "peak_tree_pss_mib")},
                      "raw_bf16_loop_bullets_per_s": round(raw, 1), "ratio": round(job["bullets_per_s"] / raw, 3)})

@@ -3,8 +3,9 @@
 For each size (bullets) a synthetic store is made with `memprune synth` (kept under --out and
 reused). Then, each in a fresh subprocess so that peaks are its own:
 
-- **job**: `run_prune` on a fresh local Ray (streaming path, group by session); bullets/s of the
-  Ray Data pipeline (actor start-up included, Ray start-up excluded), the peak memory of the
+- **job**: `run_prune` (streaming path, group by session) where `--execution` says: `auto` as a user's
+  run picks (the driver up to `driver_rows`, else Ray), `ray` always on a fresh local Ray; bullets/s of
+  the job (actor start-up included, Ray start-up excluded), the peak memory of the
   whole process tree (driver + raylet, GCS, workers, object store: summed PSS), and where the
   actors' time went (model load, forward passes, token counting, the rule).
 - **raw**: the same scorer, same bullets, same batch size, in a plain loop in one process:
@@ -188,19 +189,21 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
         plan_store,
         run_prune,
     )
+    from memprune.prune.stage import where_to_score
 
     mem = PeakMemory()
     mem.start()
-    t0 = time.perf_counter()
-    # address="local": a fresh local instance even when a `ray start` cluster runs on this machine.
-    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
-    init_s = time.perf_counter() - t0
-    cpu0 = mem.cpu_snapshot()
     cfg = PruneConfig(scorer=a["scorer"], input=a["store"], out=a["out"], batch_size=a["batch_size"],
                       block_rows=a["block_rows"], actors=a.get("actors"), actor_cpus=a.get("actor_cpus", 1.0),
                       limit_rows=a.get("limit_rows"), precision=a.get("precision", "auto"), progress=False,
-                      rule={"dedup": a.get("dedup", True)})
+                      rule={"dedup": a.get("dedup", True)}, execution=a.get("execution", "auto"))
+    t0 = time.perf_counter()
+    if where_to_score(cfg, a.get("limit_rows") or a["bullets"]) == "ray":
+        # address="local": a fresh local instance even when a `ray start` cluster runs on this machine.
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
+    init_s = time.perf_counter() - t0
+    cpu0 = mem.cpu_snapshot()
     summary = run_prune(cfg)
     peak = mem.stop()
     cpu_s = sum(v - cpu0.get(pid, 0.0) for pid, v in mem.cpu.items())
@@ -210,6 +213,7 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
     return {
         "rows": summary["input"]["rows"], "store_rows": summary["input"]["rows_in_files"], "groups": summary["groups"],
         "mode": summary["grouping"]["mode"], "blocks": summary["grouping"]["blocks"],
+        "execution": summary["resources"]["execution"],
         "actors": summary["resources"]["actors"], "threads_per_actor": summary["resources"]["threads_per_actor"],
         "ray_init_s": round(init_s, 2), "scan_s": t["scan_s"], "pipeline_s": t["pipeline_s"], "total_s": t["wall_s"],
         "compute_s": t["compute_s"], "overhead_share": t["overhead_share"],
@@ -338,6 +342,8 @@ def main() -> None:
     parser.add_argument("--block-rows", type=int, default=2048)
     parser.add_argument("--actors", type=int, default=None)
     parser.add_argument("--actor-cpus", type=float, default=1.0)
+    parser.add_argument("--execution", nargs="+", default=["auto"], choices=["auto", "ray", "driver"],
+                        help="a job per item: where the bullets are scored (auto: as a user's run picks)")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"],
                         help="a job per precision (bf16/fp16: autocast over fp32 weights)")
     parser.add_argument("--dedup", nargs="+", default=["on"], choices=["on", "off"],
@@ -366,10 +372,11 @@ def main() -> None:
                     "block_rows": args.block_rows}
             raw = None
             for precision in args.precisions:
-                for dedup in args.dedup:
+                for dedup, execution in ((d, e) for d in args.dedup for e in args.execution):
                     job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}-dedup{dedup}"),
                                             "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
-                                            "precision": precision, "dedup": dedup == "on"})
+                                            "precision": precision, "dedup": dedup == "on", "bullets": size,
+                                            "execution": execution})
                     if args.jobs_only:
                         rows_out.append({"encoder": enc, "precision": precision, "store_bullets": job["store_rows"],
                                          "job_rows": job["rows"], **job})
@@ -387,20 +394,21 @@ def main() -> None:
     json_path.write_text(json.dumps(report, indent=2))
     print(f"\nprune benchmark ({os.cpu_count()} CPUs, batch {args.batch_size}, block {args.block_rows} rows; "
           f"load average at start {load:.1f})")
-    header = ("encoder", "precision", "dedup", "store", "job rows", "job b/s", "overhead share", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
+    header = ("encoder", "precision", "dedup", "scored on", "store", "job rows", "job b/s", "overhead share", "raw 1-thread b/s", "raw all-threads b/s", "limit b/s",
               "job/limit (limit: raw loop at that precision; GPU: raw bf16 loop)", "peak tree MiB", "pipeline s", "actor load s (sum)", "forward s (sum)", "scan s (full store)")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for r in (r for r in rows_out if "raw" in r):
         n_all, w = r["raw"]["threads_all"], r["work"]
-        print(f"| {r['encoder']} | {r['precision']} | {'on' if r['dedup'] else 'off'} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
+        print(f"| {r['encoder']} | {r['precision']} | {'on' if r['dedup'] else 'off'} | {r['execution']} | {r['store_bullets']} | {r['job_rows']} | {r['bullets_per_s']} | "
               f"{r['overhead_share']} | "
               f"{r['raw']['sorted_1t_bullets_per_s']} | {r['raw'][f'sorted_{n_all}t_bullets_per_s']} | "
               f"{r['limit_bullets_per_s']} | {r['ratio']} | {r['peak_tree_pss_mib']} | {r['pipeline_s']} | "
               f"{w.get('actor_load_s')} | {w.get('score_s')} | {r['full_store_scan_s']} |")
-    keys = sorted({(r["encoder"], r["precision"], r["store_bullets"]) for r in rows_out})
+    keys = sorted({(r["encoder"], r["precision"], r["store_bullets"], r["execution"]) for r in rows_out})
     for key in keys:  # dedup on vs off, averaged over repeats (`--dedup on off on off` interleaves them)
-        runs = {d: [r for r in rows_out if (r["encoder"], r["precision"], r["store_bullets"]) == key and r["dedup"] == d]
+        runs = {d: [r for r in rows_out
+                    if (r["encoder"], r["precision"], r["store_bullets"], r["execution"]) == key and r["dedup"] == d]
                 for d in (True, False)}
         if not (runs[True] and runs[False]):
             continue
@@ -408,14 +416,14 @@ def main() -> None:
         per = {d: sum(sum(r["work"].get(w, 0.0) for w in ("score_s", "tokens_s", "decide_s")) / r["job_rows"]
                       for r in rs) / len(rs) for d, rs in runs.items()}
         dec = {d: sum(r["work"].get("decide_s", 0.0) / r["job_rows"] for r in rs) / len(rs) for d, rs in runs.items()}
-        print(f"dedup cost ({key[0]}, {key[1]}, {key[2]} bullets, {len(runs[True])}+{len(runs[False])} runs): job "
+        print(f"dedup cost ({key[0]}, {key[1]}, {key[2]} bullets, {key[3]}, {len(runs[True])}+{len(runs[False])} runs): job "
               f"{bps[True]:.1f} vs {bps[False]:.1f} bullets/s without ({100 * (bps[True] / bps[False] - 1):+.1f}%); "
               f"actor compute {1000 * per[True]:.3f} vs {1000 * per[False]:.3f} ms/bullet "
               f"({100 * (per[True] / per[False] - 1):+.1f}%), of which deciding {1000 * dec[True]:.4f} vs "
               f"{1000 * dec[False]:.4f} ms/bullet; {runs[True][0]['duplicates']} duplicates merged")
     for r in rows_out:  # where the job's wall time went (prune.json timing.parts)
         if r.get("parts"):
-            print(f"time ({r['encoder']}, {r['precision']}, {r['job_rows']} rows): "
+            print(f"time ({r['encoder']}, {r['precision']}, {r['job_rows']} rows, {r['execution']}): "
                   + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in r["parts"].items())
                   + f"; compute lost to idle actors {r['underused_s']:.1f} s; actors (ready s, load s, blocks, busy s): "
                   + "; ".join(f"{x['ready_s']:.1f}, {x['load_s']:.1f}, {x['blocks']}, {x['busy_s']:.1f}"

@@ -497,8 +497,8 @@ def test_a_ray_that_cannot_start_is_one_line(scorer_dir, msc_small, tmp_path) ->
     """A local Ray that fails to start (its temp dir cannot be made): one error line, no traceback."""
     (tmp_path / "a-file").write_text("")
     proc = subprocess.run([sys.executable, "-m", "memprune.cli", "prune", "--scorer", str(scorer_dir), "--input",
-                           str(msc_small), "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120,
-                          env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+                           str(msc_small), "--out", str(tmp_path / "o"), "--set", "execution=ray"], capture_output=True,
+                          text=True, timeout=120, env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
                                "RAY_TMPDIR": str(tmp_path / "a-file" / "ray"), "PYTHONPATH": os.pathsep.join(sys.path)})
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip() and not ln.startswith("note:")]
     assert proc.returncode == 2, proc.stderr[-2000:]
