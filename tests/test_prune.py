@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -26,7 +25,8 @@ from memprune.prune import (
     run_prune,
     score_texts,
 )
-from memprune.prune.stage import where_to_score
+from memprune.prune.stage import DRIVER_BLOCKS, where_to_score
+from memprune.prune.store import STORE_DIR
 from memprune.schema import BULLETS
 from memprune.scorer import Scorer
 from memprune.tokens import token_counter
@@ -231,7 +231,9 @@ def test_scoring_on_the_driver_writes_what_the_ray_job_writes(streamed, scorer_d
     assert summary["resources"]["actors"] == 1 and summary["resources"]["nodes"] == 1
     assert "ray_init_s" not in summary["timing"]["parts"]
     got, want = read_pruned(tmp_path), read_pruned(ray_out)
-    assert len(summary["output"]["files"]) == math.ceil(got.num_rows / 100) > 1  # cut as write_parquet cuts them
+    sizes = [pq.ParquetFile(tmp_path / STORE_DIR / f).metadata.num_rows for f in summary["output"]["files"]]
+    assert len(sizes) > 1 and min(sizes[:-1]) >= 100 and sum(sizes) == got.num_rows  # as write_parquet cuts them
+    assert summary["grouping"]["blocks"] == DRIVER_BLOCKS  # block_rows=16 raised: four length-sorted windows
     assert got.drop_columns(["score"]).equals(want.drop_columns(["score"]))
     np.testing.assert_allclose(got["score"].to_numpy(), want["score"].to_numpy(), rtol=1e-5, atol=1e-6)
     for key in ("groups", "result", "settings", "duplicates"):

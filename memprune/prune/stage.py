@@ -50,6 +50,9 @@ from memprune.work import digest, file_digest
 
 PRUNE_FORMAT = 1
 BLOCKS_PER_ACTOR = 8  # the least blocks per scoring actor (smaller blocks where the store is small)
+# On the driver a block is one length-sorted scoring window and one step of the progress bar: this many blocks (at
+# least `block_rows` each). Windows of 40+ batches pad little; 2048 rows (16 batches of 128) ran ~18% slower.
+DRIVER_BLOCKS = 4
 console = Console(stderr=True)
 
 
@@ -270,6 +273,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
 
         res = ActorResources(1, "cuda" if use_gpu(config.use_gpu, driver_devices()) else "cpu",
                              torch.get_num_threads(), 0.0, 0)
+        block_rows = max(block_rows, math.ceil(rows_wanted / DRIVER_BLOCKS))
     elif rows_wanted:
         t0 = time.perf_counter()
         ensure_ray(config.ray_address)
