@@ -12,10 +12,13 @@ as one block (the sort's fixed cost of tasks and stages dominates a small input)
 from __future__ import annotations
 
 import platform
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -111,6 +114,9 @@ def _sort_key(table: pa.Table, keys: Sequence[str]) -> pa.Array:
     return parts[0].combine_chunks() if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x1f").combine_chunks()
 
 
+_DRIVER_TALLY = threading.Lock()  # the driver's scoring threads share one `_Tally`
+
+
 def _tell(tally: Any, method: str, *args: Any) -> Any:
     """Call a `_Tally` method: on the Ray actor (and wait for it), or on the driver's own `_Tally`."""
     fn = getattr(tally, method)
@@ -118,7 +124,8 @@ def _tell(tally: Any, method: str, *args: Any) -> Any:
         import ray
 
         return ray.get(fn.remote(*args))
-    return fn(*args)
+    with _DRIVER_TALLY:
+        return fn(*args)
 
 
 class _Tally:
@@ -177,6 +184,7 @@ class ScoreSettings:
     tally: Any
     calibrated: bool = False  # map raw scores through the artifact's calibration.json
     lives: "Lives | None" = None  # pins, ages and recalls (rule.pin_field, rule.retention)
+    worker: str = "driver"  # the scorer's name in the tally when it is not a Ray actor
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,7 @@ class ScoreActor(EncoderActor):
         self.count_tokens, _ = token_counter(settings.tokenizer, tokenizer=self.scorer.tokenizer)
         ray = sys.modules.get("ray")  # not imported when scoring on the driver without Ray
         context = ray.get_runtime_context() if ray is not None and ray.is_initialized() else None
-        self.name = (context and context.get_actor_id()) or "driver"
+        self.name = (context and context.get_actor_id()) or settings.worker
         node = context.get_node_id() if context else platform.node()
         _tell(settings.tally, "add_actor", self.scorer.precision, node, self.name, (self.created, now()))
 
@@ -343,8 +351,10 @@ def run_on_driver(
     config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Location, calibrated: bool = False,
     lives: Lives | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
-    """`run_pipeline` without Ray (`execution: driver`): the same blocks, scoring, decision and output files, one
-    scorer in this process on `res.device` with its threads; returns what `run_pipeline` returns."""
+    """`run_pipeline` without Ray (`execution: driver`): the same blocks, scoring, decision and output files, scored
+    in this process on `res.device` by `res.actors` threads (fewer where there are fewer blocks), each with its own
+    scorer and its share of the torch threads; returns what `run_pipeline` returns."""
+    import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -352,17 +362,37 @@ def run_on_driver(
     shuffle = plan.mode == "shuffle"
     t1 = now()
     tally = _Tally(settings)
-    scorer = ScoreActor(ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length,
-                                      config.precision, config.tokenizer, list(keys), settings, not shuffle, tally,
-                                      calibrated=calibrated, lives=lives), res.device, res.threads)
+    score = ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length, config.precision,
+                          config.tokenizer, list(keys), settings, not shuffle, tally, calibrated=calibrated, lives=lives)
+    streams = max(1, min(res.actors, len(plan.blocks)))
+    torch_threads = torch.get_num_threads()
+    free: queue.SimpleQueue[ScoreActor] = queue.SimpleQueue()
+    reading = threading.Lock()
     sortkey = config.rule.unit_keys if shuffle else None
+
+    def scored(span: tuple[int, int]) -> pa.Table:
+        with reading:
+            block = _planned_block(plan.files, *span, schema, shuffle, sortkey)
+        scorer = free.get()
+        try:
+            return scorer(block)
+        finally:
+            free.put(scorer)
+
     blocks: list[pa.Table] = []
-    with Progress(TextColumn("prune: scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("bullets"),
-                  TimeElapsedColumn(), console=Console(stderr=True), disable=not config.progress) as progress:
-        task = progress.add_task("score", total=plan.rows)
-        for a, b in plan.blocks:
-            blocks.append(scorer(_planned_block(plan.files, a, b, schema, shuffle, sortkey)))
-            progress.advance(task, b - a)
+    try:
+        for i in range(streams):
+            free.put(ScoreActor(replace(score, worker=f"driver-{i}" if streams > 1 else "driver"), res.device,
+                                max(1, res.actors * res.threads // streams)))
+        with (Progress(TextColumn("prune: scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("bullets"),
+                       TimeElapsedColumn(), console=Console(stderr=True), disable=not config.progress) as progress,
+              ThreadPoolExecutor(streams, thread_name_prefix="memprune-score") as pool):
+            task = progress.add_task("score", total=plan.rows)
+            for (a, b), block in zip(plan.blocks, pool.map(scored, plan.blocks)):
+                blocks.append(block)
+                progress.advance(task, b - a)
+    finally:
+        torch.set_num_threads(torch_threads)  # the scorers set the process's torch threads to their share
     if shuffle:  # every group whole in one block: the scored rows, decided as one (as `sort_in_memory`)
         blocks = [decide_sorted_block(pa.concat_tables(blocks), list(keys), settings, tally, lives,
                                       canonical(config.scorer) if config.rule.supersede.on else None)]
