@@ -230,7 +230,8 @@ def test_scoring_on_the_driver_writes_what_the_ray_job_writes(streamed, scorer_d
     summary = json.loads((tmp_path / "prune.json").read_text())
     assert summary["resources"]["execution"] == "driver" and ray_summary["resources"]["execution"] == "ray"
     assert summary["resources"]["nodes"] == 1  # scored by DRIVER_STREAMS threads, each with its own scorer
-    assert summary["resources"]["actors"] == len(summary["timing"]["actors"]) == min(DRIVER_STREAMS, torch.get_num_threads())
+    assert (summary["resources"]["actors"] == len(summary["timing"]["actors"])
+            == min(DRIVER_STREAMS, torch.get_num_threads()))
     assert "ray_init_s" not in summary["timing"]["parts"]
     got, want = read_pruned(tmp_path), read_pruned(ray_out)
     sizes = [pq.ParquetFile(tmp_path / STORE_DIR / f).metadata.num_rows for f in summary["output"]["files"]]

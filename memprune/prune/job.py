@@ -352,8 +352,8 @@ def run_on_driver(
     lives: Lives | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
     """`run_pipeline` without Ray (`execution: driver`): the same blocks, scoring, decision and output files, scored
-    in this process on `res.device` by `res.actors` threads (fewer where there are fewer blocks), each with its own
-    scorer and its share of the torch threads; returns what `run_pipeline` returns."""
+    in this process on `res.device` by `res.actors` threads, each with its own scorer and `res.threads` torch
+    threads; returns what `run_pipeline` returns."""
     import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -363,8 +363,8 @@ def run_on_driver(
     t1 = now()
     tally = _Tally(settings)
     score = ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length, config.precision,
-                          config.tokenizer, list(keys), settings, not shuffle, tally, calibrated=calibrated, lives=lives)
-    streams = max(1, min(res.actors, len(plan.blocks)))
+                          config.tokenizer, list(keys), settings, not shuffle, tally, calibrated=calibrated,
+                          lives=lives)
     torch_threads = torch.get_num_threads()
     free: queue.SimpleQueue[ScoreActor] = queue.SimpleQueue()
     reading = threading.Lock()
@@ -381,12 +381,12 @@ def run_on_driver(
 
     blocks: list[pa.Table] = []
     try:
-        for i in range(streams):
-            free.put(ScoreActor(replace(score, worker=f"driver-{i}" if streams > 1 else "driver"), res.device,
-                                max(1, res.actors * res.threads // streams)))
+        for i in range(res.actors):
+            free.put(ScoreActor(replace(score, worker=f"driver-{i}" if res.actors > 1 else "driver"), res.device,
+                                res.threads))
         with (Progress(TextColumn("prune: scoring"), BarColumn(), MofNCompleteColumn(), TextColumn("bullets"),
                        TimeElapsedColumn(), console=Console(stderr=True), disable=not config.progress) as progress,
-              ThreadPoolExecutor(streams, thread_name_prefix="memprune-score") as pool):
+              ThreadPoolExecutor(res.actors, thread_name_prefix="memprune-score") as pool):
             task = progress.add_task("score", total=plan.rows)
             for (a, b), block in zip(plan.blocks, pool.map(scored, plan.blocks)):
                 blocks.append(block)

@@ -228,6 +228,16 @@ def driver_devices() -> dict[str, float]:
     return {"GPU": float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0}
 
 
+def driver_resources(config: PruneConfig, blocks: int) -> ActorResources:
+    """How the driver scores `blocks` blocks: on a CPU up to `DRIVER_STREAMS` threads (no more than the blocks), each
+    with its own scorer and its share of this process's torch threads; on a GPU one."""
+    import torch
+
+    device, threads = "cuda" if use_gpu(config.use_gpu, driver_devices()) else "cpu", torch.get_num_threads()
+    streams = max(1, min(DRIVER_STREAMS, threads, blocks)) if device == "cpu" else 1
+    return ActorResources(streams, device, max(1, threads // streams), 0.0, 0)
+
+
 def timing_of(started: float, finishing: float, parts: dict[str, float], pipeline: dict[str, Any],
               stats: dict[str, Any], plan: Any) -> dict[str, Any]:
     """prune.json `timing`: wall, compute and overhead (`memprune.timing.time_split`), and `parts`, the wall time cut
@@ -272,11 +282,6 @@ def run(config: PruneConfig) -> dict[str, Any]:
     block_rows = config.block_rows
     on_driver = where_to_score(config, rows_wanted) == "driver"
     if rows_wanted and on_driver:
-        import torch
-
-        device, threads = "cuda" if use_gpu(config.use_gpu, driver_devices()) else "cpu", torch.get_num_threads()
-        streams = min(DRIVER_STREAMS, threads) if device == "cpu" else 1
-        res = ActorResources(streams, device, max(1, threads // streams), 0.0, 0)
         block_rows = max(block_rows, math.ceil(rows_wanted / DRIVER_BLOCKS))
     elif rows_wanted:
         t0 = time.perf_counter()
@@ -294,6 +299,8 @@ def run(config: PruneConfig) -> dict[str, Any]:
         # start seconds apart; prune.json timing.underused_s measures what is left).
         block_rows = max(1, min(block_rows, math.ceil(rows_wanted / (BLOCKS_PER_ACTOR * res.actors))))
     plan = plan_store(files, rule.unit_keys, block_rows, config.grouping, config.limit_rows)
+    if rows_wanted and on_driver:
+        res = driver_resources(config, len(plan.blocks))
     parts["plan_s"] = time.perf_counter() - started - sum(parts.values())
     if scores_used["note"]:  # after every input check, so that a bad input stays one error line
         console.print(f"[yellow]note:[/] {scores_used['note']}", highlight=False, soft_wrap=True)
