@@ -208,8 +208,9 @@ class PruneSettings(ScoringRuntime):
         "auto", description="where the bullets are scored: ray = the Ray Data job (an actor pool); driver = one scorer "
         "in this process, no Ray; auto = the driver for up to `driver_rows` rows when no cluster is named (no "
         "ray_address, no RAY_ADDRESS, not connected to a multi-node Ray) and the device is here, else Ray")
-    driver_rows: int = Field(50_000, ge=0, description="execution auto: the most rows scored on the driver (below "
-                             "this, Ray's start and the actors' model loads cost more than the pool's parallelism gives)")
+    driver_rows: int = Field(200_000, ge=0, description="execution auto: the most rows scored on the driver (on one "
+                             "machine its two scoring threads outran the Ray pool at 2x10^4 and 10^5 rows; beyond, "
+                             "Ray's parallel read and write pay for its start)")
     rows_per_file: int = Field(100_000, ge=1, description="minimum rows per output Parquet file")
     sort_in_memory: int = Field(100_000, ge=0, description="groups not contiguous: up to this many rows, the "
                                 "scored rows are gathered on the driver and decided there as one block instead of "
