@@ -7,6 +7,7 @@ there). The software's install stays visible, as a machine image would. The prun
 paths it stops before any work with the one line that names the path and the node; with every input and output
 on S3 it runs on both nodes and commits its outputs in the bucket. The pipeline with `out=s3://`, submitted to the
 head's job server with `ray job submit`, trains stage 2 on the worker node (its Ray label), which cannot see the driver's disk, and commits every step in the bucket.
+`jobs/tune.py` the same way runs its trials' Ray Train workers there and commits the search in the bucket.
 """
 
 from __future__ import annotations
@@ -314,3 +315,62 @@ def test_a_table_store_on_s3_is_pruned_split_applied_and_restored_through_ray_jo
     submit(jobs, env, "memprune-store-restore", "restore", "--archive", f"{out}/archive", "--all",
            entry=(str(BIN / "memprune"),))
     assert {n: (location(bucket) / "store" / n).read_text() for n in files} == files
+
+
+def test_tune_on_s3_runs_its_trials_workers_on_the_node_without_the_drivers_disk_and_a_rerun_reuses(
+        two_nodes, ray_local, bucket: str, tmp_path: Path):
+    """`jobs/tune.py` through `ray job submit` with out=s3://: the driver searches in its node's working copy (on
+    the head's own disk), every trial's Ray Train worker runs on the worker node (its label) and checkpoints into the
+    bucket, and the search is committed there with the files and results of the same search run locally. A second
+    job whose driver has another working copy (another node's, as far as it knows) reuses the committed trials."""
+    import yaml
+    from test_object_storage_steps import _committed, _remote_files
+    from test_train import _labels_for
+    from test_tune import _config
+
+    from memprune.io import write_table
+    from memprune.synth import generate
+    from memprune.tune import run as tune
+
+    worker, private, jobs = two_nodes[1:]
+    generate(conversations=12, sessions=3, out=tmp_path / "data", seed=3)
+    write_table(_labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")),
+                tmp_path / "labels" / "labels.parquet", "labels")
+    # the stage-2 search alone, one epoch per stage: what the URI adds is the same for both stages' trials
+    small = {"stage1_trials": 0, "stage2_trials": 1, "points": [], "max_concurrent": 1, "train": {
+        "stage1": {"epochs": 1, "lr": 3e-3, "batch_size": 32, "patience": 1},
+        "stage2": {"epochs": 1, "lr": 3e-3, "batch_size": 32, "patience": 1, "lora": {"r": 2, "alpha": 4, "dropout": 0.0}}}}
+    local = tune(_config(tmp_path / "data", tmp_path / "labels", tmp_path / "local", **small))  # in this process
+
+    data, labels = upload(tmp_path / "data", f"{bucket}/data"), upload(tmp_path / "labels", f"{bucket}/labels")
+    out = f"{bucket}/tune"
+    key, value = WORKER_LABEL.split("=")
+    remote_cfg = _config(data, labels, out, tuned_config=tmp_path / "tuned.yaml", **small).model_dump(
+        mode="json", exclude_unset=True)
+    remote_cfg["train"]["ray"]["label_selector"] = {key: value}  # every Ray Train worker on the worker node
+    config = tmp_path / "tune.yaml"
+    config.write_text(yaml.safe_dump(remote_cfg))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for node in ("head-a", "head-b"):  # the second job: a driver with an empty working copy
+        submit(jobs, env, f"memprune-tune-{node}-{tmp_path.name}", "jobs/tune.py", str(config),
+               entry=("env", f"MEMPRUNE_CACHE_DIR={tmp_path / node}", f"TMPDIR={tmp_path}", "python"))
+        committed = json.loads((location(out) / "tune.json").read_text())
+        if node == "head-a":
+            first = committed
+            _committed(out, "tune")
+            assert {f.split("/", 1)[0] for f in _remote_files(out)} == {"ray"} | {
+                p.name for p in (tmp_path / "local").iterdir() if not p.name.startswith(".")
+                and p.name not in ("cache", "ray-tune")}
+            assert [r["metric"] for r in committed["stage2_trials"]] == pytest.approx(
+                [r["metric"] for r in local["stage2_trials"]], abs=1e-6)
+            assert [r["status"] for r in committed["stage2_trials"]] == ["completed"]
+            assert committed["out"] == out and str(tmp_path / node) not in json.dumps(committed)
+            trial = committed["stage2_trials"][0]["dir"].removeprefix(f"{out}/")  # trials/stage2-...
+            run = json.loads((location(out) / trial / "stage2" / "seed0" / "train.json").read_text())
+            assert run["ray"]["storage"] == f"{out}/ray/{trial}"  # the checkpoints: in the bucket
+            tuned = (location(out) / "train-tuned.yaml").read_text()
+            assert f"out: {out}/train" in tuned and (tmp_path / "tuned.yaml").read_text() == tuned
+            logs = list(Path(f"/proc/{worker.pid}/root{private}/ray").glob("session_*/logs/worker-*.out"))
+            assert any(b":actor_name:RayTrainWorker" in f.read_bytes() for f in logs), len(logs)
+    assert [r["reused"] for r in committed["stage2_trials"]] == [True]
+    assert [r["metric"] for r in committed["stage2_trials"]] == [r["metric"] for r in first["stage2_trials"]]

@@ -1,7 +1,8 @@
-"""summarize, qa-eval, dialogue-eval, tune and `label --plan` on object storage (a real S3 server on loopback: moto's
+"""summarize, qa-eval, dialogue-eval and `label --plan` on object storage (a real S3 server on loopback: moto's
 standalone server, the `bucket` fixture): inputs read from `s3://`, outputs committed there as one output set
 (marker `done` last), the same files and content as the same run with local paths; a URI that cannot be used is
-one line and nothing is written. (label, train, evaluate, ingest, synth and prune: tests/test_object_storage.py.)"""
+one line and nothing is written. (label, train, evaluate, ingest, synth and prune: tests/test_object_storage.py; tune: on two nodes in
+tests/test_cluster_two_nodes.py.)"""
 
 from __future__ import annotations
 
@@ -204,44 +205,3 @@ def test_uris_these_steps_cannot_use_are_one_line_and_nothing_is_written(bucket:
         assert res.exit_code == 2 and message in text and text.count("error:") == 1, (args, res.output)
         assert "Traceback" not in res.output, res.output
     assert _remote_files(bucket) == {f"data/{n}" for n in _remote_files(data)} | {"theirs/notes.txt"}
-
-
-@pytest.mark.slow
-def test_tune_runs_in_a_working_copy_and_commits_the_search_on_s3_as_locally(
-        ray_local, bucket: str, tmp_path: Path, monkeypatch) -> None:
-    """`tune --out s3://...`: the trials run in this node's working copy, the search is committed on the bucket with
-    the files and results of a local search; a rerun on another node reuses the committed trials."""
-    from test_train import _labels_for
-    from test_tune import _config
-
-    from memprune.io import write_table
-    from memprune.synth import generate
-    from memprune.tune import run as tune
-
-    generate(conversations=12, sessions=3, out=tmp_path / "data", seed=3)
-    write_table(_labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")),
-                tmp_path / "labels" / "labels.parquet", "labels")
-    # the stage-2 search alone, one epoch per stage: what the URI adds is the same for both stages' trials
-    small = {"stage1_trials": 0, "stage2_trials": 1, "points": [], "max_concurrent": 1, "train": {
-        "stage1": {"epochs": 1, "lr": 3e-3, "batch_size": 32, "patience": 1},
-        "stage2": {"epochs": 1, "lr": 3e-3, "batch_size": 32, "patience": 1, "lora": {"r": 2, "alpha": 4, "dropout": 0.0}}}}
-    local = tune(_config(tmp_path / "data", tmp_path / "labels", tmp_path / "local", **small))
-    data, labels = upload(tmp_path / "data", f"{bucket}/data"), upload(tmp_path / "labels", f"{bucket}/labels")
-    out = f"{bucket}/tune"
-    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-a"))
-    remote = tune(_config(data, labels, out, tuned_config=tmp_path / "tuned.yaml", **small))
-    _committed(out, "tune")
-    files = _remote_files(out)
-    assert {f.split("/", 1)[0] for f in files} == {
-        p.name for p in (tmp_path / "local").iterdir() if not p.name.startswith(".") and p.name not in ("cache", "ray-tune")}
-    assert [r["metric"] for r in remote["stage2_trials"]] == pytest.approx(
-        [r["metric"] for r in local["stage2_trials"]], abs=1e-6)
-    assert [r["status"] for r in remote["stage2_trials"]] == [r["status"] for r in local["stage2_trials"]] == ["completed"]
-    committed = json.loads((location(out) / "tune.json").read_text())
-    assert committed["out"] == remote["out"] == out and str(tmp_path / "node-a") not in json.dumps(committed)
-    tuned = (location(out) / "train-tuned.yaml").read_text()
-    assert f"out: {out}/train" in tuned and (tmp_path / "tuned.yaml").read_text() == tuned
-
-    monkeypatch.setenv("MEMPRUNE_CACHE_DIR", str(tmp_path / "node-b"))
-    again = tune(_config(data, labels, out, **small))
-    assert [r["reused"] for r in again["stage2_trials"]] == [True]

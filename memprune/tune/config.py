@@ -177,6 +177,9 @@ class TuneConfig(TuneSettings):
                     "there (see tune/stage.py)")
     tuned_config: Path | None = Field(None, description="also write the best settings as a train config here "
                                       "(always in OUT/train-tuned.yaml)")
+    trial_storage: str | None = Field(None, description="where every Ray Train run of the search keeps its "
+                                      "checkpoints, one folder per run (a path every node sees, or a URI); default "
+                                      "`train.ray.storage_path`, else each run's OUT/ray; with a URI `out`, <out>/ray")
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -199,4 +202,7 @@ class TuneConfig(TuneSettings):
         # a stage-1 run inside a trial reports to Tune from Ray Train workers (local mode cannot run in a trial);
         # one worker trains exactly as local mode does, so the chosen settings reproduce in `memprune train`
         base["ray"]["stage1_workers"] = max(1, base["ray"]["stage1_workers"])
+        root = self.trial_storage or base["ray"]["storage_path"]
+        if root is not None:  # one folder per run: Ray Train resumes a run it finds under the same name
+            base["ray"]["storage_path"] = f"{root.rstrip('/')}/{Path(out).relative_to(self.out).as_posix()}"
         return TrainConfig.model_validate({**base, "data": self.data, "labels": self.labels, "out": out})

@@ -108,7 +108,9 @@ def _width(cfg: TuneConfig, stage: str, n: int) -> int:
 def _search(cfg: TuneConfig, stage: str, base: TrainSettings, inputs: Inputs, shared_stage1: str | None
             ) -> list[dict[str, Any]]:
     """Run one search with Ray Tune; every trial's settings, status, metric, epochs and cost."""
+    import ray
     from ray import tune
+    from ray._raylet import RAY_NODE_ID_KEY
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
@@ -129,8 +131,11 @@ def _search(cfg: TuneConfig, stage: str, base: TrainSettings, inputs: Inputs, sh
     width = _width(cfg, stage, n)
     trainable = tune.with_parameters(run_trial, stage=stage, cfg=cfg, base=base, inputs=inputs,
                                      shared_stage1=shared_stage1)
-    # a trial only waits on its Ray Train workers, which hold the CPUs: it reserves no CPU (a bundle may not be empty)
-    trial_resources = {"CPU": 0, "memory": 64 * 2**20}
+    # a trial only waits on its Ray Train workers, which hold the CPUs: it reserves no CPU (a bundle may not be
+    # empty). It runs on this node, where the search's directory is (the workers run anywhere: their checkpoints go
+    # to the runs' storage, and a stage 2 gets its stage-1 head in its loop config).
+    here = {RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()}
+    trial_resources = tune.PlacementGroupFactory([{"memory": 64 * 2**20}], bundle_label_selector=[here])
     tuner = tune.Tuner(
         tune.with_resources(trainable, trial_resources),
         param_space=param_space(space),
@@ -232,8 +237,10 @@ def run(cfg: TuneConfig) -> dict[str, Any]:
     from memprune.train.recipe import _prepare
 
     if isinstance(cfg.out, str):
+        # the trials' Ray Train workers may run on any node: their checkpoints go to the bucket, not this disk
+        storage = cfg.trial_storage or cfg.train.ray.storage_path or f"{cfg.out.rstrip('/')}/ray"
         summary = in_working_copy(cfg.out, "tune", lambda work: run(cfg.model_copy(
-            update={"out": work, "tuned_config": None})), leave=("cache", "ray-tune"))
+            update={"out": work, "tuned_config": None, "trial_storage": storage})), leave=("cache", "ray-tune"))
         if cfg.tuned_config is not None:  # the committed copy: it names the URI, not the working copy
             write_text(cfg.tuned_config, (location(cfg.out) / "train-tuned.yaml").read_text())
         return summary
