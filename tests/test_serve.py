@@ -112,11 +112,15 @@ def test_200_concurrent_requests_are_all_answered_right(service, scorer_dir) -> 
         assert reply.status_code == 200, reply.text
         return i, reply.json()["decisions"]
 
+    before = httpx.get(url + "/healthz").json()["encoder"]
     with ThreadPoolExecutor(32) as pool:
         answers = list(pool.map(call, range(200)))
     assert len(answers) == 200
     for i, got in answers:
         _same(got, want[i % 10])
+    after = httpx.get(url + "/healthz").json()["encoder"]
+    requests, calls = after["requests"] - before["requests"], after["batches"] - before["batches"]
+    assert requests == 200 and calls <= 100, (requests, calls)  # concurrent requests shared encoder calls
 
 
 def test_bad_requests_are_one_line_4xx_and_change_nothing(service) -> None:

@@ -69,8 +69,9 @@ class ServeConfig(ConfigModel):
     num_cpus: float = Field(1.0, gt=0, description="CPUs per replica (also its torch threads, rounded up)")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per replica")
     batch_size: int = Field(64, ge=1, description="encoder forward batch size")
-    batch_max_size: int = Field(32, ge=1, description="serve.batch: most requests whose texts share one encoder call")
-    batch_wait_s: float = Field(0.005, ge=0, description="serve.batch: how long a batch waits for more requests")
+    batch_max_size: int = Field(32, ge=1, description="most requests whose texts share one encoder call")
+    batch_wait_s: float = Field(0.005, ge=0, description="how long a request that finds the encoder idle waits for "
+                                                         "others to share its call")
     max_ongoing_requests: int = Field(64, ge=1, description="requests a replica holds at once")
     max_request_bytes: int = Field(1_000_000, ge=1024, description="a bigger request body is refused (413)")
     max_bullets: int = Field(1000, ge=1, description="most bullets (texts) in one request")
