@@ -58,6 +58,13 @@ GOALS = (("judge", "ratio_steady", "judge: memprune / vLLM LLM.generate pairs/s 
          ("prune", "bf16_ratio", "prune: bf16 job / raw length-sorted bf16 loop bullets/s", 0.9))
 
 
+def gpu_test_files() -> list[str]:
+    """The test files that mark a test `gpu` (`--tiny`: on CPU every one skips, so collecting the whole suite
+    for them only costs time; the full check collects everything)."""
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py")
+                  if "mark.gpu" in p.read_text(encoding="utf-8"))
+
+
 def plan(tiny: bool, bf16_cpu: bool) -> dict[str, dict[str, Any]]:
     """The sizes of every section: real (GPU) or tiny (CPU)."""
     precisions = ["fp32", "bf16"] if bf16_cpu else ["fp32"]
@@ -69,7 +76,7 @@ def plan(tiny: bool, bf16_cpu: bool) -> dict[str, dict[str, Any]]:
                 "prune": {"bullets": 2000, "encoder": "tiny", "precisions": precisions[-1:], "raw_rows": 2000,
                           "batch_size": 128, "block_rows": 512},
                 "train": {"conversations": 4, "sessions": 3, "precisions": precisions[-1:], "epochs": 1, "seeds": 2},
-                "tests": {"paths": ["tests"]}}
+                "tests": {"paths": gpu_test_files()}}
     return {"judge": {"base": "vllm-gpu.yaml", "shape": LLAMA3_8B, "vocab": 32000, "max_positions": 8192,
                       "episodes": None, "sessions": 4, "pairs": 4000, "listwise_conversations": 20,
                       "max_num_seqs": [256, 512], "batch_sizes": [64, 256], "chunked": [True, False],
