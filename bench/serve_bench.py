@@ -3,10 +3,14 @@
 A vanilla MiniLM scorer (built here, no download) decides 10-bullet sessions: first `MemoryPruner.decisions` in a
 plain loop in this process (the baseline: one client, no HTTP), then the Serve app on a free loopback port with
 1 and 2 replicas, each hit by 1, 8 and 32 concurrent clients (httpx, one thread each). Every setting runs
-`--requests` requests or `--seconds` seconds, whichever comes first. Prints p50/p95/p99 latency (ms) and
-bullets/s per setting and the issue's two ratios; `--json` writes them.
+`--requests` requests or `--seconds` seconds, whichever comes first. The in-process loop runs before, between and
+after the replica settings, and each setting is compared with the mean of the two loops around it (a shared
+host's speed drifts from minute to minute); Ray runs, idle, under every loop as under every Serve setting. Each
+setting also reports where the CPU went (Linux): cores used by the replicas, the HTTP proxy, the clients (this
+process) and the rest of Ray, and with one replica its encoder's rate from `/healthz`. Prints p50/p95/p99 latency
+(ms) and bullets/s per setting and the issue's two ratios; `--json` writes them.
 
-    python bench/serve_bench.py --requests 200 --seconds 20 --cpus 2
+    python bench/serve_bench.py --requests 400 --seconds 20 --cpus 2
 """
 
 from __future__ import annotations
@@ -54,6 +58,33 @@ def stats(latencies: list[float], bullets: int, seconds: float) -> dict[str, flo
             "p99_ms": float(np.percentile(ms, 99)), "bullets_per_s": bullets / seconds}
 
 
+def cpu_ticks() -> dict[int, tuple[int, str]]:
+    """{pid: (user+system clock ticks, role)} of this process and every Ray process (Linux /proc; {} elsewhere)."""
+    out: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").glob("[0-9]*") if Path("/proc/self/stat").exists() else ():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        pid = int(entry.name)
+        role = ("clients" if pid == os.getpid() else "replicas" if "ServeReplica" in cmd else "proxy" if "ProxyActor" in cmd
+                else "other ray" if "ray" in cmd else None)
+        if role:
+            out[pid] = (int(fields[11]) + int(fields[12]), role)
+    return out
+
+
+def cores_by_role(before: dict[int, tuple[int, str]], after: dict[int, tuple[int, str]], seconds: float) -> dict[str, float]:
+    """Cores each role used between two `cpu_ticks()` (processes alive at both)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = {}
+    for pid, (ticks, role) in after.items():
+        if pid in before:
+            used[role] = used.get(role, 0.0) + (ticks - before[pid][0]) / hz / seconds
+    return {role: round(c, 2) for role, c in sorted(used.items())}
+
+
 def bounded(call, clients: int, requests: int, seconds: float) -> dict[str, float]:
     """`call(i)` from `clients` threads until `requests` calls or `seconds` pass; latency stats."""
     deadline = time.perf_counter() + seconds
@@ -68,11 +99,12 @@ def bounded(call, clients: int, requests: int, seconds: float) -> dict[str, floa
             call(i)
             lat.append(time.perf_counter() - t)
 
-    started = time.perf_counter()
+    started, ticks = time.perf_counter(), cpu_ticks()
     with ThreadPoolExecutor(clients) as pool:
         for f in [pool.submit(worker) for _ in range(clients)]:
             f.result()
-    return stats(lat, 10 * len(lat), time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    return {**stats(lat, 10 * len(lat), wall), "cores": cores_by_role(ticks, cpu_ticks(), wall)}
 
 
 def main() -> None:
@@ -108,8 +140,17 @@ def main() -> None:
     torch.set_num_threads(args.cpus)
     pruner = MemoryPruner(str(scorer_dir), **rule)
     pruner.decisions(data[0])  # warm
-    results["in-process x1"] = bounded(lambda i: pruner.decisions(data[i % len(data)]), 1, args.requests, args.seconds)
-    print("in-process x1", json.dumps(results["in-process x1"]), flush=True)
+
+    ray.init(address="local", num_cpus=args.cpus, log_to_driver=False, configure_logging=False, **local_ray_options())
+    loops: list[dict[str, float]] = []  # the in-process loop before, between and after the replica settings
+
+    def in_process() -> None:
+        key = f"in-process x1 #{len(loops)}"
+        loops.append(bounded(lambda i: pruner.decisions(data[i % len(data)]), 1, args.requests, args.seconds))
+        results[key] = loops[-1]
+        print(key, json.dumps(results[key]), flush=True)
+
+    in_process()
     # The ceiling of any batching on these CPUs: the encoder alone on the same requests' texts, 32 requests a call
     # in length order (what a replica's full batch does), on all threads and on one.
     ceiling = {}
@@ -123,10 +164,10 @@ def main() -> None:
     torch.set_num_threads(args.cpus)
     print("encoder alone, texts/s by threads", json.dumps(ceiling), flush=True)
 
-    ray.init(address="local", num_cpus=args.cpus, log_to_driver=False, configure_logging=False, **local_ray_options())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    groups: list[list[str]] = []
     for replicas in args.replicas:
         cfg = ServeConfig(scorer=str(scorer_dir), port=port, replicas=replicas, num_cpus=args.cpus / replicas,
                           block=False)
@@ -140,27 +181,49 @@ def main() -> None:
 
         for i in range(4):
             call(i)  # warm
+        groups.append([])
         for clients in args.clients:
             key = f"serve r{replicas} x{clients}"
+            encoder = http.get(url + "/healthz").json()["encoder"]
             results[key] = bounded(call, clients, args.requests, args.seconds)
+            if replicas == 1:  # the one encoder's share of the time and its rate while encoding
+                now = http.get(url + "/healthz").json()["encoder"]
+                busy = now["encode_s"] - encoder["encode_s"]
+                results[key].update(encoder_busy_s=round(busy, 1),
+                                    encoder_texts_per_s=round((now["texts"] - encoder["texts"]) / busy, 1))
+            groups[-1].append(key)
             print(key, json.dumps(results[key]), flush=True)
         http.close()
         serve.delete("memprune")
+        in_process()
     serve.shutdown()
 
-    base = results["in-process x1"]
-    top = max((v for k, v in results.items() if k.endswith(f"x{max(args.clients)}")), key=lambda v: v["bullets_per_s"])
+    # each replica setting against the mean of the in-process loops just before and just after it
+    for j, keys in enumerate(groups):
+        near = {k: float(np.mean([loops[j][k], loops[j + 1][k]])) for k in ("bullets_per_s", "p50_ms")}
+        for key in keys:
+            results[key]["vs_in_process"] = {"bullets_per_s": round(results[key]["bullets_per_s"] / near["bullets_per_s"], 3),
+                                             "p50_ms": round(results[key]["p50_ms"] / near["p50_ms"], 3)}
+    top = max((results[k] for keys in groups for k in keys if k.endswith(f"x{max(args.clients)}")),
+              key=lambda v: v["vs_in_process"]["bullets_per_s"])
     single = results[f"serve r{args.replicas[0]} x1"]
+    mean_loop = float(np.mean([r["bullets_per_s"] for r in loops]))
     summary = {"cpus": args.cpus, "texts": args.texts, "results": results,
-               "throughput_ratio_32_vs_inprocess": top["bullets_per_s"] / base["bullets_per_s"],
-               "p50_ratio_single_client": single["p50_ms"] / base["p50_ms"],
+               "in_process_bullets_per_s": [round(r["bullets_per_s"], 1) for r in loops],
+               "throughput_ratio_32_vs_inprocess": top["vs_in_process"]["bullets_per_s"],
+               "p50_ratio_single_client": single["vs_in_process"]["p50_ms"],
                "encoder_texts_per_s_by_threads": ceiling,
-               "ceiling_ratio": max(ceiling[args.cpus], len(args.replicas) and max(args.replicas) * ceiling[1])
-               / base["bullets_per_s"]}
-    print("| setting | requests | p50 ms | p95 ms | p99 ms | bullets/s |\n|---|---|---|---|---|---|")
+               "ceiling_ratio": max(ceiling[args.cpus], max(args.replicas) * ceiling[1]) / mean_loop}
+    print("| setting | requests | p50 ms | p95 ms | p99 ms | bullets/s | / in-process | cores: replicas / proxy / "
+          "clients / other ray |\n|---|---|---|---|---|---|---|---|")
     for k, v in results.items():
+        cores = " / ".join(f"{v['cores'].get(r, 0):.2f}" for r in ("replicas", "proxy", "clients", "other ray"))
+        ratio = f"{v['vs_in_process']['bullets_per_s']:.2f}x" if "vs_in_process" in v else ""
         print(f"| {k} | {v['requests']} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['p99_ms']:.1f} | "
-              f"{v['bullets_per_s']:.0f} |")
+              f"{v['bullets_per_s']:.0f} | {ratio} | {cores if v['cores'] else 'n/a'} |")
+    print(f"in-process bullets/s before, between and after the replica settings: "
+          f"{', '.join(f'{r:.0f}' for r in summary['in_process_bullets_per_s'])}; each setting is compared with the "
+          f"mean of the two around it")
     print(f"best {max(args.clients)}-client bullets/s / in-process: {summary['throughput_ratio_32_vs_inprocess']:.2f}x "
           f"(target >= 1.5); single-client p50 / in-process: {summary['p50_ratio_single_client']:.2f}x (target <= 2); "
           f"the encoder alone, batched, on all CPUs: {summary['ceiling_ratio']:.2f}x (no serving stack)")
