@@ -37,9 +37,11 @@ from memprune.train.embed import embeddings_to_numpy
 from memprune.train.loss import batch_loss, combine_parts
 from memprune.train.stages import STAGE_SPECS
 
+TABLES = "tables"  # the key of the train loop config that carries the train and validation tables
+
 
 class LoopConfig(ConfigModel):
-    """What one training worker needs; passed as `train_loop_config` (plain JSON)."""
+    """What one training worker needs; passed as `train_loop_config` (plain JSON, beside `TABLES`)."""
 
     stage: str
     seeds: list[int]
@@ -84,12 +86,10 @@ def session_batches(groups: np.ndarray, batch_size: int, rng: np.random.Generato
     return batches
 
 
-def read_rows(shard: Any, columns: list[str], rank: int, world: int) -> dict[str, Any]:
-    """This worker's rows of a (non-split) Ray Dataset: whole sessions chosen by a stable hash, sorted by id."""
-    tables = [pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b
-              for b in shard.iter_batches(batch_size=4096, batch_format="pyarrow")]
-    table = pa.concat_tables(tables).select(columns) if tables else None
-    if table is None or table.num_rows == 0:
+def read_rows(table: pa.Table, columns: list[str], rank: int, world: int) -> dict[str, Any]:
+    """This worker's rows of a whole table: whole sessions chosen by a stable hash, sorted by id."""
+    table = table.select(columns)
+    if table.num_rows == 0:
         return {"n": 0}
     table = table.sort_by("bullet_id")
     if world > 1:
@@ -156,13 +156,14 @@ def _resumed(lc: LoopConfig) -> Any:
     return resumed
 
 
-def _rows(lc: LoopConfig, rank: int, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """This worker's train and validation rows (read once, shared by the seeds)."""
-    import ray.train
+def _rows(lc: LoopConfig, tables: dict[str, Any], rank: int, world: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This worker's train and validation rows (read once, shared by the seeds) of `tables`: the driver's tables
+    (local mode) or their object refs."""
+    import ray
 
     columns = STAGE_SPECS[lc.stage].columns()
-    train_rows = read_rows(ray.train.get_dataset_shard("train"), columns, rank, world)
-    valid_rows = read_rows(ray.train.get_dataset_shard("valid"), columns, rank, world)
+    train_rows, valid_rows = (read_rows(ray.get(t) if isinstance(t, ray.ObjectRef) else t, columns, rank, world)
+                              for t in (tables["train"], tables["valid"]))
     for name, rows in (("train", train_rows), ("valid", valid_rows)):
         if rows["n"] == 0:
             raise TrainError(f"{lc.stage}: worker {rank} of {world} got no {name} sessions; "
@@ -336,18 +337,19 @@ def _report(workers: list[Worker], report: dict[str, Any], step: int) -> None:
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """The Ray Train worker function of the trained stages (`config` is a `LoopConfig` as JSON)."""
+    """The Ray Train worker function of the trained stages (`config` is a `LoopConfig` as JSON, and under `TABLES`
+    the train and validation tables)."""
     import ray.train
     import ray.train.torch
     import torch
 
-    lc = LoopConfig.model_validate(config)
+    lc = LoopConfig.model_validate({k: v for k, v in config.items() if k != TABLES})
     torch.set_num_threads(max(1, lc.threads))
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = torch.device("cpu") if lc.local_mode else ray.train.torch.get_device()
     resumed = _resumed(lc)
-    rows = _rows(lc, rank, world)
+    rows = _rows(lc, config[TABLES], rank, world)
     workers: list[Worker] = []
     reported = False
     with (resumed.as_directory() if resumed is not None else nullcontext(None)) as d:

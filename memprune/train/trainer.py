@@ -27,7 +27,7 @@ from memprune.timing import now
 from memprune.train.calibrate import calibrate_predictions, ensure_calibration
 from memprune.train.config import TrainConfig, TrainError
 from memprune.train.embed import embeddings_to_numpy
-from memprune.train.loop import LoopConfig, train_loop_per_worker
+from memprune.train.loop import TABLES, LoopConfig, train_loop_per_worker
 from memprune.train.stages import STAGE_SPECS, TRAIN_FORMAT, StageSpec
 from memprune.work import digest, finished
 
@@ -109,23 +109,12 @@ def storage_path(cfg: TrainConfig) -> str:
     return str(Path(cfg.ray.storage_path).expanduser().resolve())
 
 
-def _dataset(table: pa.Table) -> Any:
-    """A Ray Dataset of `table` in a few blocks (one block would serialise every consumer)."""
-    import ray
-
-    n_blocks = max(1, min(8, table.num_rows // 2048))
-    step = math.ceil(table.num_rows / n_blocks) if table.num_rows else 1
-    ds = ray.data.from_arrow([table.slice(i, step) for i in range(0, max(1, table.num_rows), step)])
-    ds.context.enable_progress_bars = False  # read once per worker; the bars would only repeat on the driver
-    return ds
-
-
 def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fps: dict[int, str],
          callbacks: list[Any] | None = None) -> tuple[dict[int, tuple[dict[str, Any], dict[str, Any]]], dict[str, Any]]:
     """One TorchTrainer for a trained stage and `seeds` (trained in turn): per seed (best weights, loop state),
     and the Ray facts for train.json. `callbacks`: extra Ray Train callbacks (`memprune tune` forwards epochs)."""
     import torch
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
 
     from memprune.train import checkpoint
@@ -160,10 +149,16 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
     )
     # every checkpoint holds each seed's best weights: keep the latest; keep the best by val_loss only for one seed
     by_loss = {"checkpoint_score_attribute": "val_loss", "checkpoint_score_order": "min"} if len(seeds) == 1 else {}
-    datasets = {s: _dataset(inputs.tables[s].select(spec.columns())) for s in ("train", "valid")}
+    # every worker reads the whole train and validation tables (it keeps its sessions): one object each in the
+    # object store, which any node fetches, and in local mode the tables themselves
+    tables = {s: inputs.tables[s].select(spec.columns()) for s in ("train", "valid")}
+    if not local_mode:
+        import ray
+
+        tables = {s: ray.put(table) for s, table in tables.items()}
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config=loop.model_dump(mode="json"),
+        train_loop_config={**loop.model_dump(mode="json"), TABLES: tables},
         scaling_config=scaling,
         run_config=RunConfig(
             name=name,
@@ -172,8 +167,6 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.ray.num_to_keep, **by_loss),
             callbacks=list(callbacks or []),
         ),
-        datasets=datasets,
-        dataset_config=DataConfig(datasets_to_split=[]),
     )
     threads = torch.get_num_threads()
     # a worker's report waits for the controller's next poll, which reads this from the driver's environment
