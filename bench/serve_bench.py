@@ -6,7 +6,7 @@ plain loop in this process (the baseline: one client, no HTTP), then the Serve a
 `--requests` requests or `--seconds` seconds, whichever comes first. The in-process loop runs before, between and
 after the replica settings, and each setting is compared with the mean of the two loops around it (a shared
 host's speed drifts from minute to minute); Ray runs, idle, under every loop as under every Serve setting. Each
-setting also reports where the CPU went (Linux): cores used by the replicas, the HTTP proxy, the clients (this
+setting also reports where the CPU went: cores used by the replicas, the HTTP proxy, the clients (this
 process) and the rest of Ray, and with one replica its encoder's rate from `/healthz`. Prints p50/p95/p99 latency
 (ms) and bullets/s per setting and the issue's two ratios; `--json` writes them.
 
@@ -58,30 +58,31 @@ def stats(latencies: list[float], bullets: int, seconds: float) -> dict[str, flo
             "p99_ms": float(np.percentile(ms, 99)), "bullets_per_s": bullets / seconds}
 
 
-def cpu_ticks() -> dict[int, tuple[int, str]]:
-    """{pid: (user+system clock ticks, role)} of this process and every Ray process (Linux /proc; {} elsewhere)."""
-    out: dict[int, tuple[int, str]] = {}
-    for entry in Path("/proc").glob("[0-9]*") if Path("/proc/self/stat").exists() else ():
+def cpu_seconds() -> dict[int, tuple[float, str]]:
+    """{pid: (user+system CPU seconds, role)} of this process (the clients) and its descendants, which are Ray's
+    (the replicas, the HTTP proxy, the rest); the process-tree walk of `prune_bench.PeakMemory`."""
+    import psutil
+
+    root = psutil.Process()
+    out: dict[int, tuple[float, str]] = {}
+    for p in [root, *root.children(recursive=True)]:
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            t, cmd = p.cpu_times(), " ".join(p.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        pid = int(entry.name)
-        role = ("clients" if pid == os.getpid() else "replicas" if "ServeReplica" in cmd else "proxy" if "ProxyActor" in cmd
-                else "other ray" if "ray" in cmd else None)
-        if role:
-            out[pid] = (int(fields[11]) + int(fields[12]), role)
+        role = ("clients" if p.pid == root.pid else "replicas" if "ServeReplica" in cmd else "proxy" if "ProxyActor" in cmd
+                else "other ray")
+        out[p.pid] = (t.user + t.system, role)
     return out
 
 
-def cores_by_role(before: dict[int, tuple[int, str]], after: dict[int, tuple[int, str]], seconds: float) -> dict[str, float]:
-    """Cores each role used between two `cpu_ticks()` (processes alive at both)."""
-    hz = os.sysconf("SC_CLK_TCK")
+def cores_by_role(before: dict[int, tuple[float, str]], after: dict[int, tuple[float, str]],
+                  seconds: float) -> dict[str, float]:
+    """Cores each role used between two `cpu_seconds()` (processes alive at both)."""
     used: dict[str, float] = {}
-    for pid, (ticks, role) in after.items():
+    for pid, (cpu, role) in after.items():
         if pid in before:
-            used[role] = used.get(role, 0.0) + (ticks - before[pid][0]) / hz / seconds
+            used[role] = used.get(role, 0.0) + (cpu - before[pid][0]) / seconds
     return {role: round(c, 2) for role, c in sorted(used.items())}
 
 
@@ -99,12 +100,12 @@ def bounded(call, clients: int, requests: int, seconds: float) -> dict[str, floa
             call(i)
             lat.append(time.perf_counter() - t)
 
-    started, ticks = time.perf_counter(), cpu_ticks()
+    started, cpu = time.perf_counter(), cpu_seconds()
     with ThreadPoolExecutor(clients) as pool:
         for f in [pool.submit(worker) for _ in range(clients)]:
             f.result()
     wall = time.perf_counter() - started
-    return {**stats(lat, 10 * len(lat), wall), "cores": cores_by_role(ticks, cpu_ticks(), wall)}
+    return {**stats(lat, 10 * len(lat), wall), "cores": cores_by_role(cpu, cpu_seconds(), wall)}
 
 
 def main() -> None:
@@ -220,7 +221,7 @@ def main() -> None:
         cores = " / ".join(f"{v['cores'].get(r, 0):.2f}" for r in ("replicas", "proxy", "clients", "other ray"))
         ratio = f"{v['vs_in_process']['bullets_per_s']:.2f}x" if "vs_in_process" in v else ""
         print(f"| {k} | {v['requests']} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['p99_ms']:.1f} | "
-              f"{v['bullets_per_s']:.0f} | {ratio} | {cores if v['cores'] else 'n/a'} |")
+              f"{v['bullets_per_s']:.0f} | {ratio} | {cores} |")
     print(f"in-process bullets/s before, between and after the replica settings: "
           f"{', '.join(f'{r:.0f}' for r in summary['in_process_bullets_per_s'])}; each setting is compared with the "
           f"mean of the two around it")
