@@ -280,6 +280,24 @@ def test_valid_split_alias_and_notes(tmp_path):
 # ---------------------------------------------------------------- helpers
 
 
+@pytest.mark.parametrize("diff", [
+    [1.0, 1.0, -2.0, 0.0, 3.0, 3.0],                                      # ties and a zero
+    [0.5, -0.5, 0.5, 1.5, 2.5, -2.5, 0.0, 0.0, 4.0],                      # tied |d| of both signs, zeros
+    [0.1, 0.2, -0.3, 0.4, 0.5, 0.6, -0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 0.0],   # n = 13, one zero
+    [2.0, 2.0, 2.0, 2.0],                                                 # every |d| tied
+])
+def test_small_samples_with_ties_or_zeros_get_scipys_exact_permutation_p(diff):
+    """For n <= 13 with ties or zeros scipy runs a permutation test over every sign flip, one Python call per flip;
+    memprune counts the same flips at once and must give scipy's p exactly."""
+    from scipy import stats
+
+    d = np.array(diff)
+    ref = stats.wilcoxon(d, zero_method="wilcox", alternative="two-sided")
+    got = wilcoxon_sessions(pd.Series(d), pd.Series(np.zeros(len(d))))
+    assert got["p"] == ref.pvalue and got["statistic"] == ref.statistic
+
+
+
 def test_significance_helpers_edge_cases():
     a = pd.Series([0.1, 0.2, 0.3], index=["x", "y", "z"])
     assert wilcoxon_sessions(a, a)["p"] == 1.0
