@@ -88,6 +88,28 @@ def test_vllm_cpu_processor_wiring(tiny_llm):
     assert pc.engine_kwargs["dtype"] == "float32" and pc.engine_kwargs["enforce_eager"] is True
     assert pc.runtime_env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert pc.chat_template_stage is False and pc.should_continue_on_error is True
+    # a mapping that vLLM validates into its StructuredOutputsConfig: the driver need not import vLLM to build it
+    assert pc.engine_kwargs["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
+
+
+def test_a_pass_waits_for_its_engine_replicas_only_when_there_are_several():
+    """With several replicas the pass starts when all are up (none takes the whole pass); a single replica has
+    no one to share with, so its upstream stages (prompt rendering) run while it loads."""
+    import copy
+    from types import SimpleNamespace
+
+    from ray.data import DataContext
+
+    from memprune.llm.engines import wait_for_replicas
+
+    config = LLMConfig(engine="vllm", model="m", accelerator="cpu")
+    for replicas, expected in ((2, 600), (1, 0)):
+        ds = SimpleNamespace(context=copy.copy(DataContext.get_current()))
+        wait_for_replicas(ds, config, replicas)
+        assert ds.context.wait_for_min_actors_s == expected
+    ds = SimpleNamespace(context=copy.copy(DataContext.get_current()))
+    wait_for_replicas(ds, config.model_copy(update={"wait_for_replicas_s": 0}), 2)
+    assert ds.context.wait_for_min_actors_s == DataContext.get_current().wait_for_min_actors_s
 
 
 @pytest.mark.slow

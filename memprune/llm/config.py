@@ -100,7 +100,8 @@ class LLMConfig(ConfigModel):
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs reserved per engine replica (CPU engines).")
     stage_num_cpus: float | None = Field(None, gt=0, description="CPUs per light pre/post-processing worker.")
     wait_for_replicas_s: int = Field(
-        600, ge=0, description="Start a pass only when all engine replicas are up (so each gets work); 0 = at once.")
+        600, ge=0,
+        description="Start a pass of several engine replicas only when all are up (so each gets work); 0 = at once.")
 
     # --- vllm
     tensor_parallel_size: int = Field(1, ge=1)

