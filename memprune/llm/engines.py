@@ -360,5 +360,6 @@ def wait_for_replicas(ds: Any, config: LLMConfig, replicas: int) -> None:
 
 def generate(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int | None = None) -> Any:
     """Run one attempt of every row of `ds` through the configured engine (`replicas` caps the pool)."""
-    wait_for_replicas(ds, config, replicas if replicas is not None else full_replicas(config))
-    return ENGINES[config.engine](ds, config, task, attempt, replicas)
+    n = replicas if replicas is not None else full_replicas(config)
+    wait_for_replicas(ds, config, n)
+    return ENGINES[config.engine](ds, config, task, attempt, n)
