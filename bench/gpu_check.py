@@ -356,9 +356,9 @@ def local_ray(cpus: int) -> None:
     """A fresh local Ray instance of `cpus` CPUs (never another process's cluster)."""
     import ray
 
-    from memprune.runtime import local_ray_options
+    from memprune.runtime import init_local_ray
 
-    ray.init(address="local", num_cpus=cpus, configure_logging=False, log_to_driver=False, **local_ray_options())
+    init_local_ray(num_cpus=cpus, configure_logging=False, log_to_driver=False)
 
 
 def section_train_seed(a: dict[str, Any]) -> dict[str, Any]:

@@ -179,8 +179,6 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
     """Run the prune job once and measure it."""
     import resource
 
-    import ray
-
     from memprune.prune import (
         GROUP_KEYS,
         PruneConfig,
@@ -190,6 +188,7 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
         run_prune,
     )
     from memprune.prune.stage import where_to_score
+    from memprune.runtime import init_local_ray
 
     mem = PeakMemory()
     mem.start()
@@ -200,8 +199,7 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     if where_to_score(cfg, a.get("limit_rows") or a["bullets"]) == "ray":
         # address="local": a fresh local instance even when a `ray start` cluster runs on this machine.
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
-                 log_to_driver=False)
+        init_local_ray(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False, log_to_driver=False)
     init_s = time.perf_counter() - t0
     cpu0 = mem.cpu_snapshot()
     summary = run_prune(cfg)

@@ -128,7 +128,7 @@ def main() -> None:
     from ray import serve
 
     from memprune.prune import MemoryPruner
-    from memprune.runtime import local_ray_options
+    from memprune.runtime import init_local_ray
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.serve import ServeConfig, run
 
@@ -142,7 +142,7 @@ def main() -> None:
     pruner = MemoryPruner(str(scorer_dir), **rule)
     pruner.decisions(data[0])  # warm
 
-    ray.init(address="local", num_cpus=args.cpus, log_to_driver=False, configure_logging=False, **local_ray_options())
+    init_local_ray(num_cpus=args.cpus, log_to_driver=False, configure_logging=False)
     loops: list[dict[str, float]] = []  # the in-process loop before, between and after the replica settings
 
     def in_process() -> None:

@@ -26,14 +26,14 @@ def main() -> int:
 
     from memprune.encoders import minilm_path
     from memprune.prune import PruneConfig, PruneRule, run_prune
-    from memprune.runtime import local_ray_options
+    from memprune.runtime import init_local_ray
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.synth import generate
 
     root = Path(tempfile.mkdtemp(prefix="memprune-shuffle-sort-"))
     generate(conversations=5, sessions=3, out=root / "corpus", seed=2, duplicates=0.3, updates=0.5)
     Scorer.build(ScorerConfig(encoder=minilm_path(), head={"hidden": 0, "dropout": 0.0}), seed=3).save(root / "scorer")
-    ray.init(address="local", num_cpus=2, log_to_driver=False, configure_logging=False, **local_ray_options())
+    init_local_ray(num_cpus=2, log_to_driver=False, configure_logging=False)
     rule = PruneRule.of(policy="fraction", fraction=0.5, floor=0.3, group_by="speaker", supersede={"judge": "slot"})
     walls: dict[str, list[float]] = {"distributed": [], "driver": []}
     for i in range(args.pairs):

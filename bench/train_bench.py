@@ -70,12 +70,11 @@ def main() -> int:
     import ray
     import torch
 
-    from memprune.runtime import local_ray_options
+    from memprune.runtime import init_local_ray
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.train import TrainConfig, run_training
 
-    ray.init(address="local", num_cpus=max(2, args.threads), configure_logging=False, log_to_driver=False,
-             **local_ray_options())
+    init_local_ray(num_cpus=max(2, args.threads), configure_logging=False, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="train-bench-"))
     data, labels = (args.data, args.labels) if args.data else synthetic(tmp, args.conversations, args.sessions)
     out = args.out or tmp / "out"

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memprune"
 # the floor's modules (shared machinery, no method logic) may import each other, without circles.
 FLOORS = [
     {"", "errors", "schema", "config", "storage", "io", "work", "rejects", "markdown", "figures", "timing", "precision",
-     "runtime", "archive", "calibration", "encoders", "tokens", "stages", "usagelog"},
+     "runtime", "archive", "calibration", "encoders", "tokens", "texts", "stages", "usagelog"},
     {"adapters", "synth", "llm", "scorer"},
     {"ingest", "label", "prune", "memory"},
     {"summarize", "evaluate", "dialogue", "qa"},

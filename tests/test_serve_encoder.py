@@ -60,3 +60,34 @@ def test_a_failing_call_fails_its_requests_and_the_encoder_goes_on() -> None:
     with pytest.raises(ValueError, match="the encoder failed"):
         encoder(["boom", "x"])
     np.testing.assert_array_equal(encoder(["ok", "fine"]), _rows(["ok", "fine"]))
+
+
+def test_a_bad_request_in_a_shared_call_fails_alone_and_the_others_get_their_rows() -> None:
+    """Issue 56, item 5: a text the encoder cannot take fails its own request; the requests that shared its call are
+    encoded again each alone and answered."""
+    gate, calls = threading.Event(), []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        calls.append(list(texts))
+        if len(calls) == 1:
+            assert gate.wait(10)
+        if "boom" in texts:
+            raise ValueError("cannot encode 'boom'")
+        return _rows(texts)
+
+    encoder = EncoderQueue(embed, max_requests=8, wait_s=0.0)
+    sessions = [["good", "x"], ["fine"], ["boom", "y"], ["also", "zz"]]
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(encoder, ["a"])
+        _until(lambda: len(calls) == 1)
+        rest = [pool.submit(encoder, s) for s in sessions]
+        _until(lambda: encoder._queue.qsize() == 4)
+        gate.set()
+        first.result(10)
+        for texts, future in zip(sessions, rest):
+            if "boom" in texts:
+                with pytest.raises(ValueError, match="cannot encode 'boom'"):
+                    future.result(10)
+            else:
+                np.testing.assert_array_equal(future.result(10), _rows(texts))
+    assert len(calls) == 1 + 1 + 4  # the shared call failed, then each of its four requests alone

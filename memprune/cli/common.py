@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import sys
+import ipaddress
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,15 +34,25 @@ _EXECUTABLE = False  # set by `main`, the `memprune` executable: only it configu
 
 
 @app.callback()
-def options(verbose: bool = typer.Option(False, "--verbose", "-v",
+def options(ctx: typer.Context,
+            verbose: bool = typer.Option(False, "--verbose", "-v",
                                          help="Show Ray's and the libraries' log lines and warnings (MEMPRUNE_LOG=debug "
-                                              "does the same); by default they go to a log file.")) -> None:
+                                              "does the same); by default they go to a log file."),
+            ray_host: Optional[str] = typer.Option(None, "--ray-host", metavar="ADDRESS",
+                                                   help="The address of this machine that a Ray memprune starts listens "
+                                                        "on, for other machines to join it (MEMPRUNE_RAY_HOST); by default "
+                                                        "127.0.0.1 only.")) -> None:
     """memprune: keep the long-term memory of multi-session chatbots small and useful."""
-    from memprune.runtime import configure_output
+    from memprune.runtime import RAY_HOST_ENV, configure_output
 
+    if ray_host is not None:
+        try:
+            ipaddress.ip_address(ray_host)
+        except ValueError:
+            fail(f"--ray-host {ray_host!r}: an IP address of this machine (e.g. 10.0.0.5), not a name")
+        os.environ[RAY_HOST_ENV] = ray_host
     if _EXECUTABLE:  # not when the app is called as a library (tests, notebooks)
-        command = next((a for a in sys.argv[1:] if not a.startswith("-")), "memprune")
-        configure_output(verbose, command=command, native=True)
+        configure_output(verbose, command=ctx.invoked_subcommand or "memprune", native=True)
 
 
 def main() -> None:

@@ -125,6 +125,23 @@ def unify_equal_texts(
     return np.asarray(scores)[src], None if embeddings is None else np.asarray(embeddings)[src]
 
 
+# Similarity cells computed at once (a row chunk x its group) and links held before they are merged: they bound the
+# memory of a duplicate search whatever the group's size (10^5 near-identical bullets: a few hundred MB at most).
+SIM_CELLS = 1 << 22
+PENDING_LINKS = 1 << 22
+
+
+def _merge(labels: np.ndarray, a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """`labels` (a component label per bullet, in 0..n-1) after linking the labels `a[k]` with `b[k]`."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    n = len(labels)
+    r, c = np.concatenate(a), np.concatenate(b)
+    graph = coo_matrix((np.ones(len(r), dtype=np.int8), (r, c)), shape=(n, n))
+    return connected_components(graph, directed=False)[1][labels]
+
+
 def find_duplicates(
     scores: np.ndarray, codes: np.ndarray, texts: Sequence[str] | None, embeddings: np.ndarray | None,
     threshold: float | None, order: np.ndarray | None = None, priority: np.ndarray | None = None,
@@ -134,25 +151,27 @@ def find_duplicates(
     Clusters are connected components, within a group, of "same normalised text" (when `texts`
     are given) or "cosine >= threshold" (when `embeddings` and a threshold are given); the
     representative is the member of highest `priority` (`Standing.priority`: pinned, then not
-    expired), then highest score, ties broken by `order`/position.
+    expired), then highest score, ties broken by `order`/position. The cosines are computed a row chunk at
+    a time (`SIM_CELLS`) and their links merged into component labels as they come (`PENDING_LINKS`), so a
+    group of near-identical bullets never holds all its pairs.
     """
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     n = len(scores)
     dup_of = np.full(n, -1, dtype=np.int64)
     if n < 2 or (texts is None and (embeddings is None or threshold is None)):
         return dup_of
-    rows: list[np.ndarray] = []
-    cols: list[np.ndarray] = []
+    labels = np.arange(n)
+    a: list[np.ndarray] = []
+    b: list[np.ndarray] = []
+    pending = 0
     if texts is not None:  # exact duplicates: same (group, normalised text) -> link to the first seen
         first: dict[tuple[int, str], int] = {}
         # a text with nothing left after normalisation (e.g. "?!") is only equal to itself
-        a = np.fromiter((first.setdefault((int(c), normalize_text(t) or t), i) for i, (c, t) in enumerate(zip(codes, texts))),
+        f = np.fromiter((first.setdefault((int(c), normalize_text(t) or t), i) for i, (c, t) in enumerate(zip(codes, texts))),
                         dtype=np.int64, count=n)
-        linked = np.flatnonzero(a != np.arange(n))
-        rows.append(linked)
-        cols.append(a[linked])
+        linked = np.flatnonzero(f != np.arange(n))
+        a.append(linked)
+        b.append(f[linked])
+        pending += len(linked)
     if embeddings is not None and threshold is not None:
         emb = np.asarray(embeddings, dtype=np.float32)
         if emb.shape[0] != n:
@@ -164,18 +183,21 @@ def find_duplicates(
         for idx in np.split(by_group, bounds):
             if len(idx) < 2:
                 continue
-            for lo in range(0, len(idx), 1024):  # row chunks bound the memory of a very large group
-                sim = emb[idx[lo:lo + 1024]] @ emb[idx].T
-                i, j = np.nonzero(sim >= threshold)
-                upper = idx[lo + i] < idx[j]
-                rows.append(idx[lo + i[upper]])
-                cols.append(idx[j[upper]])
-    r = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-    if not len(r):
+            step = max(1, min(1024, SIM_CELLS // len(idx)))
+            for lo in range(0, len(idx), step):
+                i, j = np.nonzero(emb[idx[lo:lo + step]] @ emb[idx].T >= threshold)
+                la, lb = labels[idx[lo + i]], labels[idx[j]]
+                new = la != lb  # only pairs not yet in one component
+                a.append(la[new])
+                b.append(lb[new])
+                pending += int(new.sum())
+                if pending > PENDING_LINKS:
+                    labels, a, b, pending = _merge(labels, a, b), [], [], 0
+    if pending:
+        labels = _merge(labels, a, b)
+    if (labels == np.arange(n)).all():
         return dup_of
-    c = np.concatenate(cols)
-    graph = coo_matrix((np.ones(len(r), dtype=np.int8), (r, c)), shape=(n, n))
-    _, comp = connected_components(graph, directed=False)
+    comp = labels
     prio = np.zeros(n, dtype=np.int64) if priority is None else np.asarray(priority, dtype=np.int64)
     rank = np.lexsort((_order(n, order), -np.asarray(scores, dtype=np.float64), -prio, comp))
     sorted_comp = comp[rank]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from memprune.prune.config import PruneError, PruneRule
 from memprune.prune.lifecycle import Life, Usage, life_of_mappings, life_of_table, read_usage
 from memprune.prune.policy import Decision, decide_policy
 from memprune.prune.rule import group_codes
+from memprune.texts import unencodable
 
 # With retention (`rule.retention.half_life`) `effective_score` and `retention` follow `score`.
 RETENTION_COLUMNS = ("effective_score", "retention")
@@ -33,18 +34,39 @@ SORTKEY = "__memprune_sortkey"
 TOKENS = "__memprune_tokens"
 EMB = "__memprune_emb"
 HELPERS = (ROW, SORTKEY, TOKENS, EMB)
+# The most bullets one in-process call decides (MemoryPruner `max_bullets`): its texts, scores and embeddings are
+# held at once (10^5: ~150 MB of embeddings; the duplicate search is bounded whatever the size, `SIM_CELLS`).
+MAX_BULLETS = 100_000
 
 
 def bullet_text(bullet: Any, index: int) -> str:
-    """The text of a bullet given as a string or a mapping with a 'text' key."""
-    if isinstance(bullet, str):
-        return bullet
-    if isinstance(bullet, Mapping):
-        text = bullet.get("text")
-        if isinstance(text, str):
-            return text
-        raise PruneError(f"bullets[{index}]: field 'text' is {type(text).__name__}, expected str")
-    raise PruneError(f"bullets[{index}]: is {type(bullet).__name__}, expected str or a mapping with 'text'")
+    """The text of a bullet given as a string or a mapping with a 'text' key (valid Unicode text)."""
+    text = bullet.get("text") if isinstance(bullet, Mapping) else bullet
+    if not isinstance(text, str):
+        raise PruneError(f"bullets[{index}]: field 'text' is {type(text).__name__}, expected str"
+                         if isinstance(bullet, Mapping) else
+                         f"bullets[{index}]: is {type(bullet).__name__}, expected str or a mapping with 'text'")
+    why = unencodable(text)
+    if why is not None:
+        raise PruneError(f"bullets[{index}]: {why}")
+    return text
+
+
+def bullet_list(bullets: Any, limit: int) -> list[Any]:
+    """`bullets` as a list: a sequence of strings or mappings, at most `limit`; a string, None or a mapping
+    where a list belongs is one clear error (a string would be pruned character by character)."""
+    if isinstance(bullets, (str, bytes, Mapping)) or bullets is None or not isinstance(bullets, Iterable):
+        raise PruneError(f"bullets: a list of strings or of mappings with 'text', not {type(bullets).__name__}")
+    out = list(bullets)
+    check_size(len(out), limit, "bullets")
+    return out
+
+
+def check_size(n: int, limit: int, what: str) -> None:
+    """One in-process decision holds every text, score and embedding at once: more than `limit` is one error."""
+    if n > limit:
+        raise PruneError(f"{what}: {n} in one call, at most {limit} (MemoryPruner max_bullets); a store this size "
+                         "is pruned with `memprune prune`, which blocks and streams it")
 
 
 def score_texts(scorer: Any, texts: Sequence[str], batch_size: int, sort_by_length: bool = True) -> np.ndarray:
@@ -188,12 +210,14 @@ class MemoryPruner:
     `session_time` key (or column), else `session_times[(conversation_id, session_index)]`. Without
     `now` ages are measured at the wall clock of each call. The usage log is not checked against a
     store here (this sees one session at a time); `memprune prune --usage-log` checks every id.
+    One call decides at most `max_bullets` bullets (default `MAX_BULLETS`, 100,000; more is one clear error:
+    prune a store that size with `memprune prune`); texts must be valid Unicode (`memprune.texts`).
     """
 
     def __init__(self, scorer: Any, rule: PruneRule | None = None, batch_size: int = 64, sort_by_length: bool = True,
                  device: str | None = None, precision: Precision | None = None, tokenizer: str = "encoder",
                  score: ScoreMode = "auto", usage_log: str | Path | None = None, usage: Usage | None = None,
-                 session_times: Mapping[tuple[Any, Any], float] | None = None,
+                 session_times: Mapping[tuple[Any, Any], float] | None = None, max_bullets: int = MAX_BULLETS,
                  **rule_fields: Any) -> None:
         from memprune.scorer import Scorer
         from memprune.tokens import check_unit
@@ -231,6 +255,7 @@ class MemoryPruner:
             raise PruneError("a usage log only matters for forgetting: set retention half_life (or max_age)")
         self.usage = usage
         self.session_times = session_times
+        self.max_bullets = max_bullets
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
         """Tokens per text in the rule's unit (the counter of `memprune prune`, built on first use)."""
@@ -242,7 +267,7 @@ class MemoryPruner:
 
     def score(self, bullets: Sequence[Any]) -> np.ndarray:
         """Usefulness scores (float64) of `bullets`, in order; NaN/inf raise `PruneError`."""
-        texts = [bullet_text(b, i) for i, b in enumerate(bullets)]
+        texts = [bullet_text(b, i) for i, b in enumerate(bullet_list(bullets, self.max_bullets))]
         scores = score_texts(self.scorer, texts, self.batch_size, self.sort_by_length)
         check_scores(scores, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner")
         return self.scorer.calibrate(scores) if self.calibrated else scores
@@ -268,7 +293,7 @@ class MemoryPruner:
     def decisions(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, Decision]:
         """(scores, the whole `Decision`: keep, reason, duplicate_of, rescued, pinned, protected, and with retention
         the effective scores) for `bullets`; one group unless `groups`."""
-        bullets = list(bullets)
+        bullets = bullet_list(bullets, self.max_bullets)
         texts = [bullet_text(b, i) for i, b in enumerate(bullets)]
         if groups is None:
             groups = np.zeros(len(texts), dtype=np.int64)
@@ -287,7 +312,7 @@ class MemoryPruner:
 
     def prune(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> list[KeptBullet]:
         """The kept bullets with their scores, in input order."""
-        bullets = list(bullets)
+        bullets = bullet_list(bullets, self.max_bullets)
         scores, keep = self.decide(bullets, groups)
         return [KeptBullet(int(i), bullet_text(bullets[i], int(i)), float(scores[i]), bullets[i]) for i in np.flatnonzero(keep)]
 
@@ -301,6 +326,7 @@ class MemoryPruner:
         missing = [c for c in ("bullet_id", "text", *rule.keys) if c not in table.column_names]
         if missing:
             raise PruneError(f"<table>: column {missing[0]!r} missing")
+        check_size(table.num_rows, self.max_bullets, "<table>")
         life = self._life(lambda: life_of_table(table, rule.pin_field, rule.retention, self.usage, self.session_times,
                                                 rule.supersede))
         scores, decision = self._decide_texts(table.column("text").to_pylist(), group_keys_of(table, rule.keys),

@@ -25,12 +25,14 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 
 from memprune.errors import MemPruneError
 from memprune.serve.config import STORE_NAME, ServeConfig, ServedStore
 from memprune.serve.models import (DecideRequest, DecideResponse, ErrorResponse, PruneRequest, PruneResponse,
                                    ScoreRequest, ScoreResponse, Verdict)
+from memprune.serve.rules import RuleRefused, request_rule
 
 PRUNERS = 64  # rules whose MemoryPruner a replica keeps
 LIMITS = {"max_request_bytes": 1_000_000}  # this process's replica's (a replica is one process)
@@ -51,7 +53,7 @@ def _error(status: int, message: str, **headers: str) -> JSONResponse:
 def _validation_message(exc: RequestValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-    return f"{where}: {first.get('msg', 'invalid')}"
+    return f"{where}: {first.get('msg', 'invalid').removeprefix('Value error, ')}"
 
 
 api = FastAPI(title="memprune", description="Score memory bullets and prune memory stores with a memprune scorer: "
@@ -69,10 +71,53 @@ async def _user_error(request: Request, exc: MemPruneError) -> JSONResponse:
     return _error(getattr(exc, "status", 400), str(exc))
 
 
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's and FastAPI's own errors (404, 405, a body that does not parse) in the one error form."""
+    return _error(exc.status_code, str(exc.detail), **(exc.headers or {}))
+
+
+@api.exception_handler(Exception)
+async def _bug(request: Request, exc: Exception) -> JSONResponse:
+    return _error(500, f"internal error ({type(exc).__name__}); the server's log has the traceback")
+
+
+class BodyLimit:
+    """ASGI middleware: a body over `max_request_bytes` is refused (413) before it is parsed: by its Content-Length
+    before a byte is read, and a body without one (chunked) as soon as what has arrived passes the limit."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = LIMITS["max_request_bytes"]
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await _error(413, f"request body of {length.decode(errors='replace')[:20]} bytes, "
+                                     f"at most {limit}")(scope, receive, send)
+        seen = 0
+
+        async def bounded() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:  # FastAPI passes an HTTPException from its body read on as it is
+                raise StarletteHTTPException(413, f"request body over {limit} bytes")
+            return message
+
+        await self.app(scope, bounded, send)
+
+
+api.add_middleware(BodyLimit)  # before `serve.ingress` below: it freezes a copy of the app
+
+
 class EncoderQueue:
     """One encoder thread for a replica's requests: it takes every request that queued while it encoded the last
     batch (at most `max_requests`; a request that finds the queue empty waits `wait_s` for company), encodes their
-    texts in one length-sorted call and hands each request its rows.
+    texts in one length-sorted call and hands each request its rows. A call that fails is retried one request at a
+    time, so a request that breaks the encoder fails alone.
 
     Batches form when the encoder is free, so under load they are as big as the queue. (`serve.batch` forms its
     next batch on a time window while the last one is still encoding: at 32 clients its batches held 1.6
@@ -101,24 +146,34 @@ class EncoderQueue:
     def _run(self) -> None:
         while True:
             batch = self._take()
-            flat = [t for texts, _ in batch for t in texts]
-            order = np.argsort([len(t) for t in flat], kind="stable")  # length order across requests: less padding
-            started = time.perf_counter()
             try:
-                got = self._embed([flat[i] for i in order])
-            except BaseException as exc:  # noqa: BLE001  (each waiting request raises it; the thread goes on)
-                for _, done in batch:
-                    done.set_exception(exc)
+                rows = self._encode([texts for texts, _ in batch])
+            except BaseException as exc:  # noqa: BLE001  (the thread goes on)
+                if len(batch) == 1:
+                    batch[0][1].set_exception(exc)
+                    continue
+                for texts, done in batch:  # one request's bad text must not fail the others: each alone
+                    try:
+                        done.set_result(self._encode([texts])[0])
+                    except BaseException as one:  # noqa: BLE001
+                        done.set_exception(one)
                 continue
-            emb = np.empty_like(got)
-            emb[order] = got
-            start = 0
-            for texts, done in batch:
-                done.set_result(emb[start:start + len(texts)])
-                start += len(texts)
-            for key, n in (("batches", 1), ("requests", len(batch)), ("texts", len(flat)),
-                           ("encode_s", time.perf_counter() - started)):
-                self.stats[key] += n
+            for (_, done), emb in zip(batch, rows):
+                done.set_result(emb)
+
+    def _encode(self, requests: list[list[str]]) -> list[np.ndarray]:
+        """Each request's embeddings, from one length-sorted encoder call over all their texts."""
+        flat = [t for texts in requests for t in texts]
+        order = np.argsort([len(t) for t in flat], kind="stable")  # length order across requests: less padding
+        started = time.perf_counter()
+        got = self._embed([flat[i] for i in order])
+        emb = np.empty_like(got)
+        emb[order] = got
+        for key, n in (("batches", 1), ("requests", len(requests)), ("texts", len(flat)),
+                       ("encode_s", time.perf_counter() - started)):
+            self.stats[key] += n
+        bounds = np.cumsum([len(texts) for texts in requests])[:-1]
+        return np.split(emb, bounds)
 
 
 class BatchedScorer:
@@ -179,6 +234,7 @@ class MemPruneService:
                                     self.cfg.batch_max_size, self.cfg.batch_wait_s)
         self.batched = BatchedScorer(self.scorer, self.encoder)
         self.pruners: OrderedDict[str, Any] = OrderedDict()
+        self.judges = self.cfg.allowed_judges()
         self.work = ThreadPoolExecutor(max_workers=self.cfg.max_ongoing_requests, thread_name_prefix="memprune-decide")
         self.store_locks: dict[str, asyncio.Lock] = {name: asyncio.Lock() for name in self.cfg.stores}
 
@@ -188,9 +244,12 @@ class MemPruneService:
     # ------------------------------------------------------------- requests
 
     def _pruner(self, rule: dict[str, Any] | None) -> Any:
-        from memprune.prune import MemoryPruner, PruneRule
+        from memprune.prune import MemoryPruner
 
-        parsed = self.cfg.rule if rule is None else PruneRule.of(**rule)
+        try:
+            parsed = request_rule(rule, self.cfg.rule, self.judges)
+        except RuleRefused as exc:
+            raise RequestError(str(exc)) from None
         key = parsed.model_dump_json()
         if key not in self.pruners:
             self.pruners[key] = MemoryPruner(self.batched, rule=parsed, batch_size=self.cfg.batch_size,
@@ -281,20 +340,6 @@ class MemPruneService:
                                                    else None,
                                                    col("superseded_by") if "superseded_by" in decided.column_names
                                                    else None))
-
-
-@api.middleware("http")
-async def _bounded(request: Request, call_next: Any) -> Any:
-    """A body over the limit is refused before it is parsed (413)."""
-    limit = LIMITS["max_request_bytes"]
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        return _error(413, f"request body of {length} bytes, at most {limit}")
-    if request.method == "POST" and length is None:
-        body = await request.body()
-        if len(body) > limit:
-            return _error(413, f"request body of {len(body)} bytes, at most {limit}")
-    return await call_next(request)
 
 
 def build_app(cfg: ServeConfig) -> Any:

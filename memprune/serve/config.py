@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from memprune.config import ConfigModel
 from memprune.precision import Precision, precision_field
 from memprune.prune import PruneRule
+from memprune.prune.updates import UPDATE_JUDGES, update_judge
 
 STORE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # what a configured store may be called
 
@@ -59,6 +60,10 @@ class ServeConfig(ConfigModel):
     archive_dir: str = Field("serve-archive", description="where /v1/prune with apply writes its archives "
                                                           "(ARCHIVE_DIR/STORE/...; `memprune restore` takes one)")
     rule: PruneRule = Field(default_factory=PruneRule, description="the rule of a request that names none")
+    judges: list[str] | None = Field(None, description="update judges a request's rule may name (supersede.judge); "
+                                     "null: those that need no LLM, plus the judge of the server's rule. An LLM judge "
+                                     "runs with the server rule's LLM settings only: a request never names an engine, "
+                                     "model, URL, key or file")
     score: Literal["auto", "raw", "calibrated"] = Field("auto", description="which scores the rule sees (as prune's)")
     tokenizer: str = Field("encoder", description="token unit of the budget policy (as prune's)")
     precision: Precision = precision_field("of the scorer's forward passes")
@@ -98,6 +103,25 @@ class ServeConfig(ConfigModel):
         if self.max_replicas is not None and self.min_replicas > self.max_replicas:  # type: ignore[operator]
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
+
+    @model_validator(mode="after")
+    def _judges(self) -> "ServeConfig":
+        for name in self.judges or ():
+            try:
+                entry = update_judge(name)
+            except ValueError as exc:
+                raise ValueError(f"judges: {exc}") from None
+            if entry.needs_llm and self.rule.supersede.judge != name:
+                raise ValueError(f"judges: {name!r} needs an LLM, which only the server's rule configures "
+                                 f"(rule.supersede.judge: {name} with its llm_config)")
+        return self
+
+    def allowed_judges(self) -> frozenset[str]:
+        """The update judges a request may name (`judges`, or the default: no-LLM judges + the server rule's)."""
+        if self.judges is not None:
+            return frozenset(self.judges)
+        own = {self.rule.supersede.judge} if self.rule.supersede.judge else set()
+        return frozenset({n for n, e in UPDATE_JUDGES.items() if not e.needs_llm} | own)
 
     def deployment_options(self) -> dict[str, object]:
         """The Ray Serve deployment options: replicas (or autoscaling bounds), resources, concurrency."""

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from memprune.texts import check_text
+
+Text = Annotated[str, AfterValidator(check_text)]  # a lone surrogate: 422 for that request
+
+
+RULE = ("a pruning rule, flat as in YAML (policy: budget, budget_tokens: 120, ...): the policy and its numbers, "
+        "min_keep, floor, dedup, dedup_threshold, group_by, pin_field, retention {half_life, recall_boost, max_age, "
+        "now}, supersede {judge (one the server allows), scope, subject, low, high}; anything else is refused (400). "
+        "null: the server's rule")
 
 
 class Request(BaseModel):
@@ -12,7 +22,7 @@ class Request(BaseModel):
 
 
 class ScoreRequest(Request):
-    texts: list[str] = Field(min_length=1, description="texts to score")
+    texts: list[Text] = Field(min_length=1, description="texts to score")
 
 
 class ScoreResponse(BaseModel):
@@ -22,7 +32,7 @@ class ScoreResponse(BaseModel):
 
 class Bullet(Request):
     id: str | None = Field(None, description="the bullet's id (default: its position)")
-    text: str
+    text: Text
     time: float | str | None = Field(None, description="epoch seconds or an ISO time (retention, expiry)")
     pinned: bool | None = Field(None, description="read when the rule's pin_field is 'pinned'")
     metadata: dict[str, Any] | None = Field(None, description="echoed nowhere; pin_field may name one of its keys")
@@ -39,8 +49,7 @@ class Bullet(Request):
 
 class DecideRequest(Request):
     bullets: list[Bullet] = Field(min_length=1, description="one group's bullets, oldest first")
-    rule: dict[str, Any] | None = Field(None, description="a pruning rule, flat as in YAML (policy: budget, "
-                                                          "budget_tokens: 120, ...); null: the server's rule")
+    rule: dict[str, Any] | None = Field(None, description=RULE)
 
     @field_validator("bullets")
     @classmethod
@@ -73,7 +82,7 @@ class DecideResponse(BaseModel):
 class PruneRequest(Request):
     store: str = Field(description="the name of a store in the server's config (never a path)")
     group: str = Field(min_length=1, description="the group id (a Mem0 user_id)")
-    rule: dict[str, Any] | None = None
+    rule: dict[str, Any] | None = Field(None, description=RULE)
     apply: bool = Field(False, description="archive then delete the dropped records (bearer token required); "
                                            "false: a dry run")
 
