@@ -543,3 +543,11 @@ def test_config_validation_and_shipped_configs():
         load_config(root / "configs" / "prune-local.yaml", ["rule.top_k=0"], PruneConfig)
     with pytest.raises(ConfigError, match="group_by"):
         load_config(root / "configs" / "prune-local.yaml", ["rule.group_by=turn"], PruneConfig)
+
+
+def test_the_ray_that_prunes_listens_on_loopback_only(streamed) -> None:
+    """Issue 56, item 2: the session's Ray, started as memprune starts its own (`init_local_ray`), after a prune on Ray
+    Data: no process of it (GCS, raylet, dashboard, agents, workers, this driver) listens beyond 127.0.0.1."""
+    from helpers import listeners_beyond_loopback
+
+    assert listeners_beyond_loopback() == []

@@ -247,3 +247,133 @@ def test_mem0_integration_keeps_each_user_within_the_cap(service, scorer_dir, mi
         assert json.loads((memory.archives()[-1] / "archive.json").read_text())["store"]["kind"] == "mem0"
     finally:
         _close(memory.memory)
+
+
+class _Listener:
+    """An HTTP listener on 127.0.0.1 that records every request it gets (what a hostile client would point the
+    server at)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.seen: list[tuple[str, str]] = []
+        seen = self.seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                seen.append((self.path, self.headers.get("Authorization", "")))
+                self.send_response(500)
+                self.end_headers()
+
+            do_GET = do_POST  # noqa: N815
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_rule_naming_a_server_resource_is_refused_and_reaches_nothing(service) -> None:
+    """Issue 56, item 1: a request's rule cannot make the server call a URL (with its own token), read a file or pick
+    an engine: 400 naming the field, and the listener it names hears nothing."""
+    url, config, _ = service
+    listener = _Listener()
+    llm = {"engine": "http", "model": "m", "base_url": listener.url + "/v1", "api_key_env": "MEMPRUNE_SERVE_TOKEN"}
+    hostile = {
+        "rule.supersede.llm": {"threshold": 0.0, "supersede": {"judge": "llm", "llm": llm}},
+        "rule.supersede.llm_config": {"supersede": {"judge": "llm", "llm_config": "/etc/passwd"}},
+        "rule.supersede.judge": {"supersede": {"judge": "llm"}},
+        "rule.usage_log": {"usage_log": "/etc/passwd"},
+    }
+    bullets = [{"text": "Nora lives in Lima.", "time": "2024-01-01", "metadata": {"speaker": "Nora"}},
+               {"text": "Nora lives in Oslo.", "time": "2024-03-01", "metadata": {"speaker": "Nora"}}]
+    for field, rule in hostile.items():
+        for route, body in (("/v1/decide", {"bullets": bullets, "rule": rule}),
+                            ("/v1/prune", {"store": "mem", "group": "alice", "rule": rule})):
+            reply = _post(url, route, body)
+            assert reply.status_code == 400, (field, route, reply.text)
+            message = reply.json()["error"]
+            assert message.startswith(field + ":") and "passwd" not in message and "top level" not in message, message
+    assert listener.seen == []
+    listener.server.shutdown()
+
+
+def test_hostile_bodies_are_refused_before_parsing_and_fail_alone(service) -> None:
+    """Issue 56, items 5 and 6: a body over max_request_bytes is 413 from its Content-Length or as it streams in; a
+    text that is not valid Unicode is 422 for its own request while 30 good requests beside it all succeed; every
+    error body is {"error": one line}."""
+    url, _, _ = service
+    big = json.dumps({"texts": ["word " * 1000] * 360}).encode()  # 1.8 MB, every text within the per-text limit
+    assert len(big) > 1_800_000
+    reply = httpx.post(url + "/v1/score", content=big, headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 413 and reply.json() == {"error": f"request body of {len(big)} bytes, at most 1000000"}
+
+    def chunked():  # no Content-Length: refused once 1 MB has arrived, not after 3 MB are parsed
+        yield b'{"texts": ['
+        for _ in range(3000):
+            yield json.dumps("x" * 1000).encode() + b","
+        yield b'"x"]}'
+
+    reply = httpx.post(url + "/v1/score", content=chunked(), headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 413 and reply.json() == {"error": "request body over 1000000 bytes"}
+    for body, status in ((b'{"texts": ["\xff\xfe"]}', 400), (b'{"texts": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400)):
+        reply = httpx.post(url + "/v1/score", content=body, headers={"content-type": "application/json"}, timeout=60)
+        assert reply.status_code == status and list(reply.json()) == ["error"], reply.text
+    for route, status in (("/nope", 404), ("/v1/score", 405)):
+        reply = httpx.get(url + route, timeout=60)
+        assert reply.status_code == status and list(reply.json()) == ["error"], reply.text
+
+    def good(i: int) -> httpx.Response:
+        return _post(url, "/v1/decide", {"bullets": [{"text": f"Alice's fact number {i}."}, {"text": "ok"}]})
+
+    def bad() -> httpx.Response:
+        return httpx.post(url + "/v1/decide", content=b'{"bullets": [{"text": "ok"}, {"text": "\\udc00"}]}',
+                          headers={"content-type": "application/json"}, timeout=60)
+
+    with ThreadPoolExecutor(32) as pool:
+        goods = [pool.submit(good, i) for i in range(15)]
+        hostile = pool.submit(bad)
+        goods += [pool.submit(good, i) for i in range(15, 30)]
+        assert [g.result().status_code for g in goods] == [200] * 30
+        reply = hostile.result()
+    assert reply.status_code == 422
+    assert reply.json() == {"error": "bullets.1.text: not valid Unicode text: a lone surrogate U+DC00 at character 0"}
+
+
+def test_memprune_serve_listens_on_loopback_only_and_stops_in_order_on_sigterm(scorer_dir) -> None:
+    """Issue 56, item 2 and the SIGTERM message: `memprune serve` starts its own Ray, none of whose processes listens
+    beyond 127.0.0.1; SIGTERM to its process group (a service manager's stop) shuts Serve and Ray down, exit 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import listeners_beyond_loopback
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("memprune")), "serve", "--scorer", str(scorer_dir),
+                             "--port", str(port), "--set", "num_cpus=0.5"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=30)
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert listeners_beyond_loopback(proc.pid) == []
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "memprune serve: stopped" in out and "Traceback" not in err

@@ -214,6 +214,27 @@ def verdicts_of(ids: list[str], scores: Any, keep: Any, reason: Any, duplicate_o
                     effective_score=None if effective is None else float(effective[i])) for i in range(len(ids))]
 
 
+def _replica_grpc_on_node_address() -> None:
+    """Ray Serve starts each replica's inter-deployment gRPC server on every interface (`[::]:0`, whatever the node's
+    address; Ray 2.60). On a node that listens on loopback only (every Ray memprune starts, `runtime.init_local_ray`)
+    that server binds to the node's address too, so no port of the service is reachable from another machine."""
+    import ipaddress
+
+    import ray
+    from ray.serve._private import replica
+
+    node = ray.util.get_node_ip_address()
+    if not ipaddress.ip_address(node).is_loopback or getattr(replica.add_port_to_grpc_server, "memprune", False):
+        return
+    add = replica.add_port_to_grpc_server
+
+    def on_node(server: Any, address: str) -> int:
+        return add(server, address.replace("[::]", node, 1) if address.startswith("[::]:") else address)
+
+    on_node.memprune = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = on_node
+
+
 @serve.deployment
 @serve.ingress(api)
 class MemPruneService:
@@ -225,6 +246,7 @@ class MemPruneService:
         from memprune.runtime import torch_device
         from memprune.scorer import Scorer
 
+        _replica_grpc_on_node_address()
         self.cfg = ServeConfig.model_validate(config)
         LIMITS["max_request_bytes"] = self.cfg.max_request_bytes
         torch.set_num_threads(max(1, int(np.ceil(self.cfg.num_cpus))))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from memprune.runtime import ensure_ray, ray_host
@@ -48,47 +50,68 @@ def exposure(cfg: ServeConfig) -> str | None:
 def run(cfg: ServeConfig) -> dict[str, Any]:
     """Check the scorer, start Ray (or join `ray_address`) and the app; the summary: URL, scorer, stores.
 
-    With `block`, serves until Ctrl-C or SIGTERM, then shuts the app down (and the Ray it started)."""
-    from ray import serve
-
+    With `block`, serves until Ctrl-C or SIGTERM, then shuts the app down and the Ray it started, in order."""
     from memprune.prune import check_scorer
-    from memprune.serve.app import build_app
 
     scorer = check_scorer(cfg.scorer)  # a broken artifact is one line here, not a replica crash loop
     check_stores(cfg)
     exposed = exposure(cfg)
     if exposed:
         print(exposed, file=sys.stderr, flush=True)
-    ensure_ray(cfg.ray_address)
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(build_app(cfg), name=APP, route_prefix="/", blocking=False)
     url = f"http://{cfg.host}:{cfg.port}"
     summary = {"url": url, "docs": f"{url}/docs", "scorer": scorer, "stores": sorted(cfg.stores),
                "replicas": cfg.deployment_options().get("num_replicas", "autoscaling"), "rule": cfg.rule.describe()}
-    print(f"memprune serve: {url} (OpenAPI: {url}/docs; Ctrl-C stops)" if cfg.block else f"memprune serve: {url}",
-          flush=True)
-    if cfg.block:
-        _serve_until_stopped()
-    return summary
-
-
-def _serve_until_stopped() -> None:
-    """Wait until Ctrl-C or SIGTERM (a service manager's stop), then shut Serve down and the Ray this process
-    started, in order (Ray's own SIGTERM handling of a driver ends in SIGABRT)."""
-    import ray
-    from ray import serve
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    if not cfg.block:
+        ensure_ray(cfg.ray_address)
+        _start(cfg)
+        print(f"memprune serve: {url}", flush=True)
+        return summary
+    with _sigterm_to_this_process_only():
+        ensure_ray(cfg.ray_address)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which installs a handler that aborts
     try:
+        _start(cfg)
+        print(f"memprune serve: {url} (OpenAPI: {url}/docs; Ctrl-C or SIGTERM stops)", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the shutdown short
-        serve.shutdown()
-        ray.shutdown()
+        _stop()
         print("memprune serve: stopped", flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return summary
+
+
+def _start(cfg: ServeConfig) -> None:
+    from ray import serve
+
+    from memprune.serve.app import build_app
+
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.run(build_app(cfg), name=APP, route_prefix="/", blocking=False)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+@contextlib.contextmanager
+def _sigterm_to_this_process_only() -> Iterator[None]:
+    """While Ray starts, SIGTERM is blocked, so the processes it starts inherit the block (Ray does the same with
+    SIGINT): a stop sent to the service's process group (a service manager's, `kill -- -PGID`) reaches this process
+    alone, which shuts Serve and Ray down in order (Ray then stops its own processes, SIGKILL after 1 s). A Ray that
+    is already running (a cluster, RAY_ADDRESS) is not touched."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
