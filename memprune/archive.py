@@ -88,11 +88,23 @@ def read_archive(directory: str | Path, ids: Iterable[str] | None = None) -> Arc
     if not manifest_path.is_file():
         raise ArchiveError(f"{directory}: not an archive (no archive.json)")
     check_committed(path / "archive.parquet")
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    if manifest.get("format") != ARCHIVE_FORMAT:
-        raise ArchiveError(f"{manifest_path}: archive format {manifest.get('format')!r}, expected {ARCHIVE_FORMAT}")
-    records = pq.read_table(path / "archive.parquet")
-    if records.num_rows != manifest["rows"]:
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArchiveError(f"{manifest_path}: not a readable archive manifest ({exc}); truncated or edited? nothing "
+                           "was restored") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ArchiveError(f"{manifest_path}: archive format {got!r}, expected {ARCHIVE_FORMAT}")
+    records_path = path / "archive.parquet"
+    if not records_path.is_file():
+        raise ArchiveError(f"{records_path}: missing; the archive's records are gone, nothing was restored")
+    try:
+        records = pq.read_table(records_path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ArchiveError(f"{records_path}: cannot read as parquet ({str(exc).splitlines()[0]}); nothing was "
+                           "restored") from None
+    if records.num_rows != manifest.get("rows"):
         raise ArchiveError(f"{path}: archive.parquet has {records.num_rows} rows, the manifest says {manifest['rows']}")
     if ids is not None:
         wanted = [str(i) for i in ids]

@@ -312,12 +312,19 @@ SCRATCH = (".staging-", ".work/", "ray/")  # what a run puts under a URI `out` b
 
 def check_out_location(out: str | os.PathLike[str], step: str) -> Any:
     """`out` (a local directory or a storage URI) as a `memprune.storage.Location`, checked before any work: a local
-    one as `check_out` does; a URI's bucket must exist, and a prefix holding files must be a memprune output."""
+    one as `check_out` does; a URI's bucket must exist; a directory or prefix that holds files must be a memprune
+    output (its marker), or hold only what a run leaves before its first commit (`SCRATCH`, temporary names)."""
     from memprune.storage import location
 
     loc = location(out, "--out")
     if loc.local:
-        check_out(loc.path, step)
+        path = check_out(loc.path, step)
+        names = sorted(e.name + ("/" if e.is_dir() else "") for e in path.iterdir()) if path.is_dir() else []
+        foreign = [n for n in names if not n.startswith(SCRATCH) and not TEMP.match(n.rstrip("/"))]
+        if foreign and MARKER not in names:
+            raise MemPruneError(f"--out {path}: holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} (e.g. "
+                                f"{foreign[0]}) but no {MARKER}: not a memprune output, whose files it would overwrite; "
+                                "give an empty or new directory")
         return loc
     loc.check_reachable()
     if loc.is_file():

@@ -144,17 +144,27 @@ def _node_address(host: str | None) -> Iterator[dict[str, Any]]:
             os.environ[_CLUSTERS_ENV] = saved_env
 
 
-def _is_loopback(address: str) -> bool:
-    """Whether a Ray address (HOST:PORT, ray://HOST:PORT) names this machine's loopback."""
+def _loopback_only(address: str) -> bool:
+    """Whether a Ray address (HOST:PORT) names a Ray on this machine that listens on loopback only (one memprune
+    started): its host is loopback and its port answers there but not on the machine's own address (a Ray started
+    with `ray start` listens on both, and Ray then joins it at the machine's address)."""
     import ipaddress
+    import socket
 
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
+    from ray._private.services import get_node_ip_address
+
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    host = host.strip("[]")
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            return False
+        machine = get_node_ip_address()
+        if ipaddress.ip_address(machine).is_loopback:
+            return True
+        with socket.create_connection((machine, int(port)), timeout=2):
+            return False
+    except (ValueError, OSError):
+        return True
 
 
 def init_local_ray(**options: Any) -> None:
@@ -165,10 +175,18 @@ def init_local_ray(**options: Any) -> None:
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     host = ray_host()
-    local = local_ray_options(host or LOOPBACK)
-    env = {**options.pop("runtime_env", {}).get("env_vars", {}), **local.pop("runtime_env")["env_vars"]}
-    with _node_address(host) as where:
-        ray.init(address="local", **{**local, **where, **options}, runtime_env={"env_vars": env})
+    given = options.pop("runtime_env", {}).get("env_vars", {})
+    for attempt in range(3):
+        local = local_ray_options(host or LOOPBACK)
+        env = {**given, **local.pop("runtime_env")["env_vars"]}
+        try:
+            with _node_address(host) as where:
+                ray.init(address="local", **{**local, **where, **options}, runtime_env={"env_vars": env})
+            return
+        except Exception as exc:  # the dashboard's free port taken before Ray bound it (by one of Ray's own): again
+            if attempt == 2 or "already occupied" not in str(exc):
+                raise
+            ray.shutdown()
 
 
 def token_auth_if_available() -> None:
@@ -202,7 +220,7 @@ def ensure_ray(address: str | None = None) -> None:
             init_local_ray(**options)
         else:
             token_auth_if_available()
-            with _node_address(None if _is_loopback(target) else "") as where:
+            with _node_address(None if _loopback_only(target) else "") as where:
                 ray.init(address=target, include_dashboard=False, **where, **options)
     except Exception as exc:  # a dashboard or raylet that does not come up, an unreachable address: one line
         what = "start a local Ray instance" if target == "local" else f"connect to the Ray cluster at {target}"

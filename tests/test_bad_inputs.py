@@ -46,6 +46,13 @@ def world(tmp_path_factory: pytest.TempPathFactory, minilm_path: str) -> dict[st
     records = pa.table({"bullet_id": ["a:s0:b0"], **{c: [None] for c in DECISION_COLUMNS}})
     write_archive(root / "archive", records, id_column="bullet_id", store={"kind": "carrier-pigeon"}, fingerprint="x")
     (root / "ids.txt").write_text("a:s0:b0\nnot-archived\n")
+    shutil.copytree(root / "archive", root / "archive-truncated")  # a manifest cut short, a records file gone
+    manifest = root / "archive-truncated" / "archive.json"
+    manifest.write_text(manifest.read_text()[:40])
+    shutil.copytree(root / "archive", root / "archive-no-records")
+    (root / "archive-no-records" / "archive.parquet").unlink()
+    (root / "foreign").mkdir()  # a directory memprune did not write, with a user's file named like an output
+    (root / "foreign" / "decision.parquet").write_bytes(b"a user's own file")
     (root / "llm.yaml").write_text("engine: hf\nmodel: /nonexistent-model\naccelerator: cpu\n")
     (root / "a-file").write_text("not a directory")
     (root / "empty-dir").mkdir()
@@ -283,6 +290,18 @@ def cases(w: dict[str, Path]) -> list[tuple[str, list[str], str, str | None]]:
         ("restore-id-absent", ["restore", "--archive", archive, "--ids", str(r / "ids.txt"), "--into", o],
          "'not-archived'", archive),
         ("restore-kind", ["restore", "--archive", archive, "--all", "--into", o], "carrier-pigeon", archive),
+        ("restore-truncated-manifest", ["restore", "--archive", str(r / "archive-truncated"), "--all", "--into", o],
+         "not a readable archive manifest", str(r / "archive-truncated")),
+        ("restore-records-gone", ["restore", "--archive", str(r / "archive-no-records"), "--all", "--into", o],
+         "archive.parquet: missing", str(r / "archive-no-records")),
+        ("prune-out-foreign", ["prune", "--scorer", scorer, "--input", corpus, "--out", str(r / "foreign")],
+         "not a memprune output", str(r / "foreign")),
+        ("prune-store-out-foreign", ["prune", "--scorer", scorer, "--input", f"table:{corpus}/bullets.parquet", "--map",
+                                     "id=bullet_id,group=conversation_id", "--out", str(r / "foreign")],
+         "not a memprune output", str(r / "foreign")),
+        ("prune-usage-log-missing", ["prune", "--scorer", scorer, "--input", f"table:{corpus}/bullets.parquet", "--map",
+                                     "id=bullet_id,group=conversation_id", "--out", o, "--half-life", "30d",
+                                     "--usage-log", str(r / "no-usage.jsonl")], "usage log not found", o),
         # score
         ("score-missing-scorer", ["score", "--scorer", str(r / "missing"), "--input", f"{corpus}/bullets.parquet",
                                   "--out", o], "scorer.json", o),

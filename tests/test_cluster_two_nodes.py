@@ -8,12 +8,15 @@ paths it stops before any work with the one line that names the path and the nod
 on S3 it runs on both nodes and commits its outputs in the bucket. The pipeline with `out=s3://`, submitted to the
 head's job server with `ray job submit`, trains stage 2 on the worker node (its Ray label), which cannot see the driver's disk, and commits every step in the bucket.
 `jobs/tune.py` the same way runs its trials' Ray Train workers there and commits the search in the bucket.
+The cluster runs with Ray's token auth on: memprune's drivers find the token in RAY_AUTH_TOKEN (RAY_AUTH_MODE unset),
+`ray job submit` and its jobs run with RAY_AUTH_MODE=token as the README says.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,13 +26,21 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import upload
-from test_ray_job import TINY_TRAIN, free_ports, submit
+from test_ray_job import TINY_TRAIN, free_ports, jobs_client, submit
 
 from memprune.storage import location
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 WORKER_LABEL = "memprune-test-node=worker"  # the worker node's Ray label: a label_selector puts work there
+TOKEN = secrets.token_hex(16)  # the cluster runs with Ray's token auth on (its default for new clusters since 2.59)
+AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
+
+
+def driver_env(**extra: str) -> dict[str, str]:
+    """A memprune driver's environment: the token in a standard place (RAY_AUTH_TOKEN) and RAY_AUTH_MODE unset, so
+    memprune itself finds the token and turns token auth on for the connection."""
+    return {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}, "RAY_AUTH_TOKEN": TOKEN, **extra}
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -63,7 +74,7 @@ def _nodes_up(address: str, nodes: int, head: subprocess.Popen, worker: subproce
               "    time.sleep(0.5)" % (address, nodes, deadline))  # CLOCK_MONOTONIC: one clock for all processes
     while time.monotonic() < deadline:
         probe = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                                 stderr=subprocess.DEVNULL, env={**os.environ, **AUTH})
         while probe.poll() is None and head.poll() is None and worker.poll() is None and time.monotonic() < deadline + 30:
             time.sleep(0.5)
         if probe.poll() is None:  # a node process died, or the connection hangs: stop waiting
@@ -86,8 +97,7 @@ def two_nodes(tmp_path_factory: pytest.TempPathFactory, s3_server: str):
     logs = tmp_path_factory.mktemp("cluster")
     private = tmp_path_factory.getbasetemp()  # every test file is below it; the worker node sees a fresh tmpfs here
     gcs, dashboard, *ports = free_ports(15)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, **AUTH, "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     head_log, worker_log = open(logs / "head.log", "w"), open(logs / "worker.log", "w")
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--include-dashboard=true",
@@ -133,8 +143,7 @@ def _prune(address: str, *args: str) -> subprocess.CompletedProcess:
     """
     return subprocess.run([str(BIN / "memprune"), "prune", *args, "--set", f"ray_address={address}",
                            "--set", "progress=false"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000",
-                               "RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S": "300"})
+                          env=driver_env(COLUMNS="1000", RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S="300"))
 
 
 def _private_files(worker: subprocess.Popen, private: Path) -> list[str]:
@@ -146,7 +155,12 @@ def _private_files(worker: subprocess.Popen, private: Path) -> list[str]:
 
 def test_local_paths_the_worker_node_cannot_see_are_one_line_before_any_work(two_nodes, scorer_dir: Path,
                                                                               msc_small: Path, tmp_path: Path):
-    address, *_ = two_nodes
+    import urllib.error
+    import urllib.request
+
+    address, _, _, jobs = two_nodes
+    with pytest.raises(urllib.error.HTTPError, match="401"):  # token auth is on: the job server refuses a stranger
+        urllib.request.urlopen(f"{jobs}/api/jobs/", timeout=30)
     proc = _prune(address, "--scorer", str(scorer_dir), "--input", str(msc_small), "--out", str(tmp_path / "o"))
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.startswith("error:")]
@@ -170,7 +184,7 @@ def test_prune_on_s3_killed_mid_write_leaves_nothing_a_reader_accepts_and_the_re
     args = ["--scorer", scorer, "--input", store, "--out", out, "--top-k", "3", "--set", "actors=2",
             "--set", "block_rows=8", "--set", f"ray_address={address}", "--set", "progress=false"]
     proc = subprocess.Popen([str(BIN / "memprune"), "prune", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+                            stderr=subprocess.DEVNULL, env=driver_env())
     root = location(out)
     deadline = time.monotonic() + 300
     while not any(n.startswith(".staging-") and n.endswith(".parquet") for n in root.files()):
@@ -223,7 +237,7 @@ def test_train_with_a_local_out_the_worker_node_cannot_see_is_one_line_before_tr
                            str(tmp_path / "labels"), "--out", str(tmp_path / "run"), "--seeds", "0", "--no-eval",
                            "--set", f"ray.address={address}"],
                           capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled", "COLUMNS": "1000"})
+                          env=driver_env(COLUMNS="1000"))
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() + proc.stdout.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -260,15 +274,12 @@ def test_pipeline_on_s3_trains_stage2_on_the_node_without_the_drivers_disk(two_n
     out = f"{bucket}/run"
     key, value = WORKER_LABEL.split("=")
     job_id = f"memprune-two-nodes-{tmp_path.name}"
-    submit(jobs, {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
-           job_id, "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={out}", "corpus.conversations=6",
-           "corpus.sessions=3", "evaluate.figures=false", "prune.progress=false", *TINY_TRAIN,
+    submit(jobs, {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}, job_id,
+           "jobs/pipeline.py", "configs/pipeline-local.yaml", f"out={out}", "corpus.conversations=6", "corpus.sessions=3", "evaluate.figures=false", "prune.progress=false", *TINY_TRAIN,
            "train.stages=[vanilla,stage1,stage2]", "train.stage2={epochs: 1, batch_size: 32, patience: 1}",
            "train.ray.num_workers=1", f"train.ray.label_selector={{{key}: {value}}}",
-           entry=("env", f"TMPDIR={tmp_path}", "python"))  # the driver's temp dir: on the head's own disk
-    from ray.job_submission import JobSubmissionClient
-
-    log = JobSubmissionClient(jobs).get_job_logs(job_id)
+           entry=("env", f"TMPDIR={tmp_path}", "python"), token=TOKEN)  # the driver's temp dir: the head's disk
+    log = jobs_client(jobs, TOKEN).get_job_logs(job_id)
     lines = log.splitlines()
     summary = json.loads("\n".join(lines[max(i for i, ln in enumerate(lines) if ln == "{"):]))  # the job's summary
     assert summary["report"] == f"{out}/report/report.md" and "memprune-staging-" not in json.dumps(summary)
@@ -297,23 +308,23 @@ def test_a_table_store_on_s3_is_pruned_split_applied_and_restored_through_ray_jo
     for name, text in files.items():
         (location(bucket) / "store" / name).write_text(text)
     out = f"{bucket}/store-pruned"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env = dict(os.environ)
     args = ["jobs/prune.py", "configs/prune-local.yaml", f"scorer={upload(scorer_dir, f'{bucket}/scorer')}",
             f"input=table:{bucket}/store", f"out={out}", "store.map={group: user}", "rule.group_by=conversation",
             "rule.threshold=0", "rule.top_k=2", "emit=split", "progress=false"]
-    submit(jobs, env, "memprune-store-decide", *args)
+    submit(jobs, env, "memprune-store-decide", *args, token=TOKEN)
     root = location(out)
     assert json.loads((root / ".memprune.json").read_text())["state"] == "done"
     assert (root / "kept").is_dir() and (root / "dropped" / "archive.json").is_file()
     decision = pq.read_table((root / "decision.parquet").path, filesystem=root.fs)
     keep = dict(zip(decision["id"].to_pylist(), decision["keep"].to_pylist()))
-    submit(jobs, env, "memprune-store-apply", *args, "store.apply=delete")
+    submit(jobs, env, "memprune-store-apply", *args, "store.apply=delete", token=TOKEN)
     for name, text in files.items():
         lines = text.splitlines(keepends=True)
         assert (location(bucket) / "store" / name).read_text() == lines[0] + "".join(
             ln for ln in lines[1:] if keep[ln[:4]])
     submit(jobs, env, "memprune-store-restore", "restore", "--archive", f"{out}/archive", "--all",
-           entry=(str(BIN / "memprune"),))
+           entry=(str(BIN / "memprune"),), token=TOKEN)
     assert {n: (location(bucket) / "store" / n).read_text() for n in files} == files
 
 
@@ -350,10 +361,10 @@ def test_tune_on_s3_runs_its_trials_workers_on_the_node_without_the_drivers_disk
     remote_cfg["train"]["ray"]["label_selector"] = {key: value}  # every Ray Train worker on the worker node
     config = tmp_path / "tune.yaml"
     config.write_text(yaml.safe_dump(remote_cfg))
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     for node in ("head-a", "head-b"):  # the second job: a driver with an empty working copy
         submit(jobs, env, f"memprune-tune-{node}-{tmp_path.name}", "jobs/tune.py", str(config),
-               entry=("env", f"MEMPRUNE_CACHE_DIR={tmp_path / node}", f"TMPDIR={tmp_path}", "python"))
+               entry=("env", f"MEMPRUNE_CACHE_DIR={tmp_path / node}", f"TMPDIR={tmp_path}", "python"), token=TOKEN)
         committed = json.loads((location(out) / "tune.json").read_text())
         if node == "head-a":
             first = committed

@@ -508,6 +508,15 @@ def test_memory_pruner_rule_edge_cases():
     for bad in ({"top_k": 0}, {"top_k": 2.5}, {"threshold": float("nan")}):
         with pytest.raises(PruneError):
             MemoryPruner(sc, **bad)
+    # issue 56, item 7: what is not a list of bullets, too many, or text that is not Unicode: one line each
+    for bad, kind in (("abc", "str"), (None, "NoneType"), ({"text": "a"}, "dict"), (7, "int")):
+        for call in (p.prune, p.decide, p.decisions, p.score):
+            with pytest.raises(PruneError, match=rf"^bullets: a list of strings or of mappings with 'text', not {kind}$"):
+                call(bad)
+    with pytest.raises(PruneError, match=r"^bullets: 4 in one call, at most 3 \(MemoryPruner max_bullets\)"):
+        MemoryPruner(sc, threshold=0.5, max_bullets=3).prune(["a", "b", "c", "e"])
+    with pytest.raises(PruneError, match=r"^bullets\[1\]: not valid Unicode text: a lone surrogate U\+DC00 at character 1$"):
+        p.prune(["a", {"text": "b\udc00"}])
 
 
 def test_score_texts_dedupes_and_restores_order():

@@ -150,3 +150,23 @@ def test_budget_never_exceeds_b_in_any_group(store, budget, min_keep, floor, ded
     # min-keep: no group with bullets ends up with fewer than min(m, its distinct bullets)
     distinct = np.bincount(codes[~dup], minlength=n_groups)
     assert (np.bincount(codes[d.keep], minlength=n_groups) >= np.minimum(min_keep, distinct)).all()
+
+
+def test_the_duplicate_search_of_a_huge_group_never_holds_all_its_pairs() -> None:
+    """Issue 56, item 7: 12,000 near-identical bullets in one group (72 million duplicate pairs, 1.1 GB as two int64
+    index arrays) are one cluster, found in bounded memory: cosines a row chunk at a time, links merged as they come."""
+    import tracemalloc
+
+    n = 12_000
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=384).astype(np.float32) + 0.02 * rng.normal(size=(n, 384)).astype(np.float32)
+    scores = rng.random(n)
+    tracemalloc.start()
+    try:
+        dup = find_duplicates(scores, np.zeros(n, dtype=np.int64), None, emb, 0.88)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    best = int(np.argmax(scores))
+    assert dup[best] == -1 and (np.delete(dup, best) == best).all()
+    assert peak < 256 * 2**20, f"{peak / 2**20:.0f} MB"

@@ -96,26 +96,38 @@ TINY_TRAIN = ["train.stages=[vanilla,stage1]", "train.seeds=[0]", "train.max_len
               "train.ray.num_workers=0", "train.embed.actors=1"]
 
 
-def submit(address: str, env: dict, job_id: str, *args: str, wait: bool = True, entry: tuple[str, ...] = ("python",)
-           ) -> None:
+def submit(address: str, env: dict, job_id: str, *args: str, wait: bool = True, entry: tuple[str, ...] = ("python",),
+           token: str | None = None) -> None:
     """`ray job submit --working-dir REPO -- python jobs/...` (`entry` before the args: the entrypoint is a shell
-    command); waiting for it, it must succeed (`finish`)."""
+    command); waiting for it, it must succeed (`finish`). `token`: the cluster has Ray's token auth on, and the
+    submission, the job and the wait use it as the README says (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN)."""
+    runtime_env = RUNTIME_ENV
+    if token is not None:
+        env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        runtime_env = {**RUNTIME_ENV, "env_vars": {**RUNTIME_ENV["env_vars"], "RAY_AUTH_MODE": "token"}}
     proc = subprocess.run(
         [str(BIN / "ray"), "job", "submit", "--address", address, "--working-dir", str(REPO),
-         "--runtime-env-json", json.dumps(RUNTIME_ENV), "--submission-id", job_id, *([] if wait else ["--no-wait"]),
+         "--runtime-env-json", json.dumps(runtime_env), "--submission-id", job_id, *([] if wait else ["--no-wait"]),
          "--", *entry, *args],
         capture_output=True, text=True, env=env, timeout=480,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     if wait:
-        finish(address, job_id)
+        finish(address, job_id, token=token)
 
 
-def finish(address: str, job_id: str, timeout: float = 480) -> None:
+def jobs_client(address: str, token: str | None = None):
+    """The job server's client (with the bearer token where the cluster has token auth on)."""
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address, headers=None if token is None else {"Authorization": f"Bearer {token}"})
+
+
+def finish(address: str, job_id: str, timeout: float = 480, token: str | None = None) -> None:
     """Wait for a submitted job; it must end SUCCEEDED (else its log's tail is the failure)."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobStatus
 
-    client = JobSubmissionClient(address)
+    client = jobs_client(address, token)
     deadline = time.monotonic() + timeout
     while (status := client.get_job_status(job_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}:
         assert time.monotonic() < deadline, f"{job_id} still {status} after {timeout:.0f} s"

@@ -305,3 +305,60 @@ def test_a_csv_group_scan_finds_the_group_in_quoted_multiline_and_short_rows(tmp
         want = whole.filter(pa.compute.equal(whole.column("group"), group))
         assert pa.Table.from_batches(list(store.read_group(group)), schema=whole.schema) == want, group
     assert pa.Table.from_batches(list(store.read_group("ann"))).column("id").to_pylist() == ["1", "2", "6", "7", "10"]
+
+
+def test_a_store_file_that_is_a_symlink_is_pruned_and_restored_through_its_target(tmp_path) -> None:
+    """Issue 56, item 3: the apply rewrites the real file (readers through the link see the records go), takes the lock
+    beside it, and the link stays a link; restore gives the real file back byte for byte."""
+    real = tmp_path / "data" / "mem.csv"
+    real.parent.mkdir()
+    real.write_text("id,text,user\n0001,a,u1\n0002,b,u1\n0003,c,u2\n")
+    original = real.read_bytes()
+    for link in (tmp_path / "link.csv", tmp_path / "linked" / "mem.csv"):  # the store, or a file of a store directory
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(real)
+        out = tmp_path / f"out-{link.parent.name}"
+        store = TableStore(str(link if link.parent == tmp_path else link.parent), {"group": "user"})
+        decide(store, out, [True, False, True])
+        apply_decision(store, out, {"store": {"fingerprint": "f"}}, StoreOptions(apply="delete"))
+        assert link.is_symlink() and link.resolve() == real
+        assert real.read_bytes() == b"id,text,user\n0001,a,u1\n0003,c,u2\n"
+        assert (real.parent / ".mem.csv.memprune-lock").exists() and not (link.parent / ".link.csv.memprune-lock").exists()
+        restore(out / "archive")
+        assert link.is_symlink() and real.read_bytes() == original
+
+
+def test_records_that_are_not_utf8_are_rejected_with_their_reason_and_long_fields_are_read(tmp_path) -> None:
+    """Issue 56, messages: a latin-1 CSV is no traceback: each record whose bytes are not UTF-8 is a reject naming
+    the column and the byte (kept untouched); a CSV field of 1 MB is read whole (the csv module's cap is 128 KiB)."""
+    path = tmp_path / "latin.csv"
+    path.write_bytes("id,text,user\n1,caf\xe9 au lait,u1\n2,plain,u1\n".encode("latin-1"))
+    rows = pa.Table.from_batches(list(TableStore(str(path), {"group": "user"}).read())).to_pylist()
+    assert [r["reject"] for r in rows] == [
+        "text (text) is not UTF-8 text: byte 0xE9 at character 3; convert the file to UTF-8 (iconv -t utf-8)", None]
+    assert rows[0]["text"] == "caf\ufffd au lait" and rows[1]["text"] == "plain"
+    big = tmp_path / "big.csv"
+    big.write_text(f'id,text,user\n1,"{"x" * 1_100_000}",u1\n2,short,u1\n')
+    rows = pa.Table.from_batches(list(TableStore(str(big), {"group": "user"}).read())).to_pylist()
+    assert [len(r["text"]) for r in rows] == [1_100_000, 5] and all(r["reject"] is None for r in rows)
+
+
+def test_an_immutable_store_file_is_one_line_and_the_rerun_resumes(tmp_path) -> None:
+    """Issue 56, messages: `--apply` on a file the system will not let anyone replace (chattr +i) is one StoreError
+    line with the file unchanged; once it is writable again the same apply finishes."""
+    import subprocess
+
+    path = tmp_path / "mem.csv"
+    path.write_text("id,text,user\n0001,a,u1\n0002,b,u1\n")
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        store = TableStore(str(path), {"group": "user"})
+        decide(store, tmp_path / "out", [True, False])
+        with pytest.raises(StoreError, match=r"mem.csv: cannot replace it \(Operation not permitted: an immutable"):
+            apply_decision(store, tmp_path / "out", {"store": {"fingerprint": "f"}}, StoreOptions(apply="delete"))
+        assert path.read_text() == "id,text,user\n0001,a,u1\n0002,b,u1\n"
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    apply_decision(store, tmp_path / "out", {"store": {"fingerprint": "f"}}, StoreOptions(apply="delete"))
+    assert path.read_text() == "id,text,user\n0001,a,u1\n"

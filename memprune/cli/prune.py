@@ -99,6 +99,10 @@ def prune(
     warning = emptied_warning(summary)
     if warning:
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+    store = summary.get("store") or {}
+    if store.get("rejected"):
+        console.print(f"[bold yellow]warning:[/] {store['rejected']} of {store['records']} records rejected (kept "
+                      f"untouched; each with its reason in {cfg.out}/rejects.jsonl)", highlight=False)
     if "apply" in summary:
         a = summary["apply"]
         done = (f"deleted {a['deleted']} (archived in {a['archive']}; {a['already_deleted']} already gone)"

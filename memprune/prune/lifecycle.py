@@ -313,12 +313,13 @@ class _Strict(Ledger):
         raise LifecycleError(f"{source}: {record}: {reason} ({field} = {value!r})")
 
 
-def read_usage(path: str | Path, known: Any) -> Usage:
+def read_usage(path: str | Path, known: Any = None) -> Usage:
     """Recalls and last access per bullet from a usage log (the `usage` label source's format).
 
     A recall is an event with `used` true or `weight` > 0; the last access is the latest `time` of a
     recall. `known` (a set of bullet ids) is the store: an id it does not hold, an event without a usable
     `bullet_id`/`used`/`weight`, or an unparseable time is a `LifecycleError` naming the file, line and id.
+    `known` None: any id (a caller that sees part of a store, or a check of the log alone before any work).
     """
     recalls: dict[str, int] = {}
     last: dict[str, float] = {}
@@ -331,7 +332,7 @@ def read_usage(path: str | Path, known: Any) -> Usage:
             where = f"{file}: {ev.record}"
             if not isinstance(bid, str) or not bid:
                 raise LifecycleError(f"{where}: bullet_id is missing or not a string ({bid!r})")
-            if bid not in known:
+            if known is not None and bid not in known:
                 raise LifecycleError(f"{where}: unknown bullet_id {bid!r} (not in the store being pruned)")
             value, fld, why = event_value(ev)
             if value is None:

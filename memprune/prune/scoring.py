@@ -35,8 +35,9 @@ TOKENS = "__memprune_tokens"
 EMB = "__memprune_emb"
 HELPERS = (ROW, SORTKEY, TOKENS, EMB)
 # The most bullets one in-process call decides (MemoryPruner `max_bullets`): its texts, scores and embeddings are
-# held at once (10^5: ~150 MB of embeddings; the duplicate search is bounded whatever the size, `SIM_CELLS`).
-MAX_BULLETS = 100_000
+# held at once and its duplicate search is quadratic in a group's size (memory bounded, `policy.SIM_CELLS`: 2x10^4
+# near-identical bullets in one group took 11.5 s and 204 MB at peak on 2 CPUs; 10^5 would take minutes).
+MAX_BULLETS = 20_000
 
 
 def bullet_text(bullet: Any, index: int) -> str:
@@ -171,13 +172,6 @@ def with_outputs(table: pa.Table, scores: np.ndarray, decision: Decision) -> pa.
     return table
 
 
-class _AnyId:
-    """Every bullet id is known (MemoryPruner sees one session, not the store a usage log covers)."""
-
-    def __contains__(self, item: object) -> bool:
-        return True
-
-
 @dataclass(frozen=True)
 class KeptBullet:
     """A bullet that survived pruning: its position in the input, text, score and the input item."""
@@ -210,7 +204,7 @@ class MemoryPruner:
     `session_time` key (or column), else `session_times[(conversation_id, session_index)]`. Without
     `now` ages are measured at the wall clock of each call. The usage log is not checked against a
     store here (this sees one session at a time); `memprune prune --usage-log` checks every id.
-    One call decides at most `max_bullets` bullets (default `MAX_BULLETS`, 100,000; more is one clear error:
+    One call decides at most `max_bullets` bullets (default `MAX_BULLETS`, 20,000; more is one clear error:
     prune a store that size with `memprune prune`); texts must be valid Unicode (`memprune.texts`).
     """
 
@@ -248,7 +242,7 @@ class MemoryPruner:
             raise PruneError("give usage_log (a file) or usage (read), not both")
         if usage_log is not None:
             try:
-                usage = read_usage(usage_log, _AnyId())
+                usage = read_usage(usage_log)  # any id: this sees one session, not the store
             except ValueError as exc:
                 raise PruneError(str(exc)) from exc
         if usage is not None and not self.rule.retention.on:

@@ -37,6 +37,7 @@ PIN_TRUE, PIN_FALSE = ("true", "1"), ("false", "0", "")  # a pin value's text, l
 INTEGER = re.compile(r"-?[0-9]+")  # a group that an integer group column can hold (`raw_group`)
 KIND_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # what a store kind may be called (`table`, `mem0`, ...)
 STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+REJECT = "__memprune_reject"  # a raw batch's optional column: why its reader could not use a row (null: usable)
 Partition = Callable[[], Iterator[pa.RecordBatch]]
 CHANGED, REMOVED = "changed since the decision", "removed since the decision"  # why a dropped record was left
 
@@ -67,7 +68,8 @@ def normalize(batch: pa.RecordBatch | pa.Table, mapping: dict[str, str], where: 
     """A raw batch in the normal form (`NORMAL`); a missing mapped column is an error naming it and `where`.
 
     Rows with a null or empty id or a null text get a `reject` reason (they are never decided nor
-    touched); a null group becomes the empty group, a null time the empty time.
+    touched), as do rows the reader names in a `REJECT` column; a null group becomes the empty group, a null time
+    the empty time.
     """
     names = batch.schema.names
     cols: dict[str, pa.Array] = {}
@@ -89,6 +91,9 @@ def normalize(batch: pa.RecordBatch | pa.Table, mapping: dict[str, str], where: 
     bad_text = np.asarray(text.is_null(), dtype=bool) if n else np.zeros(0, bool)
     reject[bad_text] = f"text ({mapping['text']}) is null"
     reject[bad_id] = f"id ({mapping['id']}) is null or empty"
+    if REJECT in names:  # the reader's own reasons (e.g. bytes that are not UTF-8) win
+        hint = np.asarray(batch.column(names.index(REJECT)).to_pylist(), dtype=object)
+        reject = np.where(hint != None, hint, reject)  # noqa: E711  (element-wise)
     texts = text.to_pylist()
     hashes = [None if t is None else text_hash(t) for t in texts]
     group = pc.fill_null(cols["group"], "") if "group" in cols else pa.array([""] * n, pa.string())

@@ -20,12 +20,16 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from itertools import accumulate
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 ENCODING, ERRORS = "utf-8", "surrogateescape"
+# A CSV field may be as long as a file can hold (the csv module's default cap, 128 KiB, would make a valid store with
+# one long memory unreadable). The cap is the csv module's, process-wide.
+csv.field_size_limit(sys.maxsize)
 _DECODER = json.JSONDecoder()
 _WS = " \t\r\n"
 

@@ -125,6 +125,12 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Location,
     """Export the store and run the prune stage on it (its config from `config.bullets_config`, with `fields`);
     (export, the stage's summary, its output table)."""
     prune.check_scorer(config.scorer)
+    usage_log = getattr(config, "usage_log", None)
+    if usage_log is not None:  # a missing or malformed log is one line before Ray and the export (ids: after it)
+        try:
+            prune.read_usage(usage_log)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
     ensure_ray(config.ray_address)
     work = out / WORK / "store"
     rule = getattr(config, "rule", None)

@@ -10,7 +10,8 @@ rewrite is atomic: on a local disk temp file + rename, keeping the file's mode a
 storage one PUT of the whole new object (only the files that change), with the same bytes. A crash
 leaves each file either old or new and a rerun finishes the rest. Archived records keep the file they came from
 (`memprune_file`), their position in it (`memprune_position`) and, for CSV and JSONL, their exact
-text (`memprune_raw`), so `restore` puts each one back where it was, byte for byte.
+text (`memprune_raw`), so `restore` puts each one back where it was, byte for byte. A file that is a symbolic link
+is read, locked, rewritten and restored as its target: the link stays a link to the pruned file.
 
 Writers on a local disk hold an exclusive lock (`flock`) on `.NAME.memprune-lock` beside each file (created on the
 first write, never removed): a live apply (`memprune.stores.group`) holds it from its check to its last delete and
@@ -38,12 +39,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memprune.archive import DECISION_COLUMNS
 from memprune import storage
+from memprune.archive import DECISION_COLUMNS
 from memprune.io import atomic_path
 from memprune.storage import Location
 from memprune.stores import records as rec
-from memprune.stores.base import (INTEGER, STRINGS, Partition, Store, normalize, register, text_hash,
+from memprune.stores.base import (INTEGER, REJECT, STRINGS, Partition, Store, normalize, register, text_hash,
                                   unchanged)
 from memprune.stores.config import StoreError
 
@@ -193,7 +194,19 @@ def _chunk_batches(path: Location, fmt: str, columns: list[str], chunks: list[re
             else:
                 cols[col] = [_text_value(c.fields.get(col), f"{path}: record {start + k + 1}", col, field)
                              for k, c in enumerate(part)]
-        yield pa.RecordBatch.from_pydict({k: pa.array(v, pa.string()) for k, v in cols.items()})
+        reject: list[str | None] = [None] * len(part)
+        for field, col in present:  # bytes that are not UTF-8 (read with surrogateescape): the record is rejected
+            values = cols[col]
+            for k, value in enumerate(values):
+                at = None if value is None else next((i for i, ch in enumerate(value) if "\udc80" <= ch <= "\udcff"), None)
+                if at is not None:
+                    reject[k] = reject[k] or (f"{col} ({field}) is not UTF-8 text: byte 0x{ord(value[at]) - 0xDC00:02X} "
+                                              f"at character {at}; convert the file to UTF-8 (iconv -t utf-8)")
+                    values[k] = value.encode(rec.ENCODING, rec.ERRORS).decode(rec.ENCODING, "replace")
+        out = {k: pa.array(v, pa.string()) for k, v in cols.items()}
+        if any(reject):
+            out[REJECT] = pa.array(reject, pa.string())
+        yield pa.RecordBatch.from_pydict(out)
 
 
 def _mapped(names: Sequence[str], fields: dict[str, str]) -> list[str]:
@@ -249,8 +262,12 @@ def _replace(path: Location, data: bytes) -> None:
     if not path.local:
         path.write_bytes(data)
         return
-    with atomic_path(path.path, keep_mode=True) as tmp:
-        tmp.write_bytes(data)
+    try:
+        with atomic_path(path.path, keep_mode=True) as tmp:
+            tmp.write_bytes(data)
+    except PermissionError as exc:  # an immutable or read-only file or directory: this file is left as it was
+        raise StoreError(f"{path}: cannot replace it ({exc.strerror}: an immutable or read-only file or directory?); "
+                         "it is unchanged; make it writable and rerun, which resumes") from None
 
 
 def _write_text(path: Location, rf: rec.RecordFile) -> None:
@@ -277,11 +294,11 @@ def _files(where: Location) -> list[Location]:
     if where.local:  # spelled as before: the archive records each record's file
         root = Path(where.uri.removeprefix("file://"))
         if root.is_file():
-            return [storage.location(str(root))]
+            return [storage.location(str(_real(root)))]
         if not root.is_dir():
             raise missing
         names = sorted(f.relative_to(root) for f in root.rglob("*") if f.is_file())
-        at = lambda n: storage.location(str(root / n))  # noqa: E731
+        at = lambda n: storage.location(str(_real(root / n)))  # noqa: E731
     else:
         where.check_reachable()
         if where.is_file():
@@ -295,6 +312,12 @@ def _files(where: Location) -> list[Location]:
     if not files:
         raise StoreError(f"{where}: no Parquet, JSONL or CSV files in this directory")
     return files
+
+
+def _real(path: Path) -> Path:
+    """A store file that is a symbolic link is its target: the lock, the rewrite and a restore reach the real file
+    (readers through the link see the change) and the link stays a link."""
+    return path.resolve(strict=True) if path.is_symlink() else path
 
 
 def _lock(path: Path) -> int:
