@@ -5,7 +5,7 @@ where B is `--share` (default 40%) of the corpus tokens per session (tokens: the
 tokenizer, as prune.json counts them). Then, on the same bullets, tokens and groups:
 
 - the job's decision (duplicates merged, the scorer's ranking);
-- the scorer's ranking without duplicate merging (`apply_policy` on the job's own scores);
+- the scorer's ranking without duplicate merging (`decision.decide` on the job's own scores);
 - random pruning at the same budget and min-keep: the same policy with uniform random scores, over
   `--random-seeds` seeds (mean and std);
 - the paper's rule (threshold 0.5, top-k 5) on the same scores, for the share of sessions it empties.
@@ -57,8 +57,8 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import pyarrow.parquet as pq
 
-    from memprune.prune import PruneConfig, PruneRule, apply_policy, group_keys_of, read_pruned, run_prune
-    from memprune.prune.rule import group_codes
+    from memprune.decision import Bullets, PruneRule, decide
+    from memprune.prune import PruneConfig, group_keys_of, read_pruned, run_prune
     from memprune.scorer import read_scorer_config
     from memprune.tokens import token_counter
 
@@ -85,15 +85,20 @@ def main() -> None:
     ids = pruned.column("bullet_id").to_pylist()
     label = np.array([label_of.get(b, np.nan) for b in ids], dtype=np.float64)
     relevant = label >= args.relevant  # NaN (unlabelled) -> False
-    codes = group_codes(group_keys_of(pruned, ["conversation_id", "session_index"]))
     tokens = count(pruned.column("text").to_pylist())
-    scores = pruned.column("score").to_numpy()
+    scored = Bullets.of(pruned.column("score").to_numpy(), group_keys_of(pruned, ["conversation_id", "session_index"]),
+                        tokens=tokens)
+    codes, scores = scored.groups, scored.scores
     keep = pruned.column("keep").to_numpy(zero_copy_only=False)
-    no_dedup = apply_policy(scores, codes, rule.model_copy(update={"dedup": False}), tokens).keep
+    alone = rule.scores_only()  # the scorer's ranking without duplicate merging
+
+    def random_keep(rng: np.random.Generator) -> np.ndarray:
+        return decide(scored.with_(scores=rng.random(len(scores))), alone).keep
+
+    no_dedup = decide(scored, alone).keep
     rng = np.random.default_rng(0)
-    randoms = [kept_stats(apply_policy(rng.random(len(scores)), codes, rule.model_copy(update={"dedup": False}),
-                                       tokens).keep, relevant, tokens, codes) for _ in range(args.random_seeds)]
-    paper = apply_policy(scores, codes, PruneRule.of(threshold=0.5, top_k=5, dedup=False, min_keep=0)).keep
+    randoms = [kept_stats(random_keep(rng), relevant, tokens, codes) for _ in range(args.random_seeds)]
+    paper = decide(scored, PruneRule.of(threshold=0.5, top_k=5, dedup=False, min_keep=0)).keep
     rand_rel = np.array([r["relevant_kept"] for r in randoms], dtype=np.float64)
     job = kept_stats(keep, relevant, tokens, codes)
     result = {
@@ -116,8 +121,7 @@ def main() -> None:
         split = dict(zip(*pq.read_table(args.splits, columns=["conversation_id", "split"]).to_pydict().values()))
         test = np.array([split.get(c) == "test" for c in pruned.column("conversation_id").to_pylist()])
         rng = np.random.default_rng(1)
-        rand_test = [int((apply_policy(rng.random(len(scores)), codes, rule.model_copy(update={"dedup": False}),
-                                       tokens).keep & relevant & test).sum()) for _ in range(args.random_seeds)]
+        rand_test = [int((random_keep(rng) & relevant & test).sum()) for _ in range(args.random_seeds)]
         result["test_split"] = {
             "bullets": int(test.sum()), "relevant": int((relevant & test).sum()),
             "job_relevant_kept": int((keep & relevant & test).sum()),

@@ -36,19 +36,19 @@ THRESHOLDS = [0.75, 0.8, 0.82, 0.84, 0.86, 0.88, 0.9, 0.92, 0.94, 0.96, 0.98]
 
 def measure(table: Any, scores: np.ndarray, emb: np.ndarray, thresholds: list[float]) -> list[dict[str, Any]]:
     """Precision and recall of the duplicates found at each threshold (exact-text merging always on)."""
-    from memprune.prune import find_duplicates, group_keys_of
-    from memprune.prune.rule import group_codes
+    from memprune.decision import Bullets, find_duplicates
+    from memprune.prune import group_keys_of
 
     ids = np.array(table.column("bullet_id").to_pylist(), dtype=object)
     source = table.column("dup_source").to_pylist()
     kinds = table.column("dup_kind").to_pylist()
     root = np.array([s if s is not None else i for i, s in zip(ids, source)], dtype=object)
-    codes = group_codes(group_keys_of(table, ["conversation_id", "session_index"]))
-    texts = table.column("text").to_pylist()
+    bullets = Bullets.of(scores, group_keys_of(table, ["conversation_id", "session_index"]),
+                         texts=table.column("text").to_pylist(), embeddings=emb)
     injected = np.array([k is not None for k in kinds])
     rows = []
     for t in thresholds:
-        dup = find_duplicates(scores, codes, texts, emb, t)
+        dup = find_duplicates(bullets, t)
         marked = dup >= 0
         tp = marked & (root == root[np.where(marked, dup, 0)])
         row = {"threshold": t, "marked": int(marked.sum()), "true_positives": int(tp.sum()),
@@ -70,13 +70,13 @@ def cost(scorer: Any, table: Any, rows: int, repeats: int) -> dict[str, Any]:
     """
     import torch
 
-    from memprune.prune import PruneRule, decide_policy, group_keys_of, score_and_embed
-    from memprune.prune.rule import group_codes
+    from memprune.decision import Bullets, PruneRule, decide
+    from memprune.prune import group_keys_of, score_and_embed
 
     torch.set_num_threads(1)
     part = table.slice(0, rows)
     texts = part.column("text").to_pylist()
-    codes = group_codes(group_keys_of(part, ["conversation_id", "session_index"]))
+    groups = group_keys_of(part, ["conversation_id", "session_index"])
     rules = {True: PruneRule.of(), False: PruneRule.of(dedup=False)}
     spent: dict[bool, list[float]] = {True: [], False: []}
     decide_s: dict[bool, list[float]] = {True: [], False: []}
@@ -85,7 +85,7 @@ def cost(scorer: Any, table: Any, rows: int, repeats: int) -> dict[str, Any]:
             t0 = time.process_time()
             scores, emb = score_and_embed(scorer, texts, batch_size=128, embed=dedup)
             t1 = time.process_time()
-            decide_policy(scores, codes, rules[dedup], texts=texts, embeddings=emb)
+            decide(Bullets.of(scores, groups, texts=texts, embeddings=emb), rules[dedup])
             t2 = time.process_time()
             spent[dedup].append(t2 - t0)
             decide_s[dedup].append(t2 - t1)

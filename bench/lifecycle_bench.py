@@ -24,7 +24,7 @@ parsed, counted as no update). `--lows` narrows the band sweep (each low is one 
 `--fit` first fits the `slot` judge's network (one hidden layer, torch) on the candidate pairs of a seed-0 corpus
 (`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold on the next third as many
 seed-0 conversations (the selection pairs, in the swept band: the lowest threshold whose pair precision there is
->= 0.97, recall first), and writes the judge's weights (`memprune/prune/updates/slot.safetensors`), which the
+>= 0.97, recall first), and writes the judge's weights (`memprune/decision/updates/slot.safetensors`), which the
 measurement then reads. `--select` only chooses the threshold again, the same way, for the weights as they are
 (no refit; give the `--fit-conversations` they were fitted with, so that the selection conversations are the
 same held-back ones).
@@ -94,11 +94,14 @@ def corpus(conversations: int, updates: float, seed: int,
 
 def pairs_of(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray, low: float, high: float) -> Any:
     """The step's candidate pairs (every bullet a representative, none pinned) and whether each is an update."""
-    from memprune.prune.lifecycle import Retention, life_of_mappings
-    from memprune.prune.supersede import Supersede, candidates
+    from memprune.decision import Bullets, PruneRule
+    from memprune.decision.supersede import candidates
+    from memprune.prune.inputs import Lives
 
-    life = life_of_mappings(rows, None, Retention(), supersede=Supersede(judge="slot"))
-    a, b, c = candidates((low, high), life.scope, life.subject, life.when, life.session, emb, None, None)
+    rule = PruneRule.of(supersede={"judge": "slot"})
+    bullets = Bullets.of(np.zeros(len(rows)), texts=[r["text"] for r in rows], embeddings=emb,
+                         **Lives().of_mappings(rows, rule))
+    a, b, c = candidates(bullets, (low, high), None, np.zeros(len(rows), dtype=bool))
     slot, stale, newest = truth["slot"], truth["stale"], truth["newest"]
     y = np.array([slot[i] is not None and slot[i] == slot[j] and stale[i] and newest[j] for i, j in zip(a, b)])
     return a, b, c, y
@@ -106,7 +109,7 @@ def pairs_of(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray,
 
 def judge_pairs(rows: list[dict[str, Any]], a: np.ndarray, b: np.ndarray, c: np.ndarray, emb: np.ndarray,
                 encode: Any) -> Any:
-    from memprune.prune.updates import Pairs
+    from memprune.decision.updates import Pairs
 
     return Pairs([rows[i]["text"] for i in a], [rows[j]["text"] for j in b], c, encode, emb[a], emb[b])
 
@@ -114,7 +117,7 @@ def judge_pairs(rows: list[dict[str, Any]], a: np.ndarray, b: np.ndarray, c: np.
 def threshold_pairs(data: Any, encode: Any, high: float) -> tuple[np.ndarray, np.ndarray]:
     """The slot judge's features of the candidate pairs of `data` (rows, truth, embeddings) in the swept band
     [min(LOWS), high), and whether each is an update."""
-    from memprune.prune.updates.slot import features
+    from memprune.decision.updates.slot import features
 
     rows, truth, emb = data
     a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), high)
@@ -143,7 +146,7 @@ def select(held_out: Any, encode: Any, high: float, path: Path, w: dict[str, np.
     from safetensors import safe_open
     from safetensors.numpy import save_file
 
-    from memprune.prune.updates.slot import update_probability
+    from memprune.decision.updates.slot import update_probability
 
     if w is None:
         with safe_open(str(path), "np") as f:
@@ -249,9 +252,9 @@ def candidate_counts(a: np.ndarray, b: np.ndarray, c: np.ndarray, y: np.ndarray,
 
 
 def run_seed(seed: int, args: argparse.Namespace, scorer: Any, high: float) -> dict[str, Any]:
+    from memprune.decision.supersede import Supersede
+    from memprune.decision.updates import update_judge
     from memprune.prune import MemoryPruner, score_and_embed
-    from memprune.prune.supersede import Supersede
-    from memprune.prune.updates import update_judge
 
     t0 = time.perf_counter()
     rows, truth = corpus(args.conversations, args.updates, seed)
@@ -310,8 +313,8 @@ def markdown(r: dict[str, Any], high: float) -> str:
 
 def main() -> None:
     from memprune.config import validate
-    from memprune.prune.supersede import Supersede
-    from memprune.prune.updates import UPDATE_JUDGES
+    from memprune.decision.supersede import Supersede
+    from memprune.decision.updates import UPDATE_JUDGES
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--conversations", type=int, default=120)
@@ -336,9 +339,9 @@ def main() -> None:
     except ValueError as exc:
         ap.error(str(exc))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from memprune.decision import DEDUP_THRESHOLD
+    from memprune.decision.updates import slot
     from memprune.prune import score_and_embed
-    from memprune.prune.config import DEDUP_THRESHOLD
-    from memprune.prune.updates import slot
     from memprune.scorer import Scorer, ScorerConfig
 
     if args.scorer:

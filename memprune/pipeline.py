@@ -23,7 +23,8 @@ from memprune import stages as registry
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
 from memprune.evaluate.config import EvalSettings
 from memprune.label.config import LabelSettings
-from memprune.prune.config import PruneRule, PruneSettings
+from memprune.decision import PruneRule
+from memprune.prune.config import PruneSettings
 from memprune.storage import location
 from memprune.synth.config import SynthSettings
 from memprune.train.config import TrainSettings

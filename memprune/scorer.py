@@ -188,6 +188,24 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration | None:
         raise ScorerError(str(exc)) from exc
 
 
+def check_scorer(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Validate a scorer artifact where it is used, before Ray or a service starts: config, head weights, encoder,
+    adapter, calibration; a broken one is one `ScorerError` line (not a failure in every actor or replica).
+    Returns what prune.json and /healthz record of it."""
+    from memprune.storage import canonical
+
+    try:
+        local = artifact_path(path)  # a URI: fetched once, then checked here
+        sc = check_artifact(local)
+        cal = load_calibration(local)
+    except EncoderError as exc:
+        raise ScorerError(str(exc)) from exc
+    return {"path": canonical(str(path)), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
+            "lora": sc.lora is not None, "max_length": sc.max_length,
+            "calibration": None if cal is None else {"method": cal.method,
+                                                     "relevance_threshold": cal.relevance_threshold}}
+
+
 class Scorer(nn.Module):
     """Encoder + mean pooling + head; `score(texts)` returns usefulness in [0, 1] as numpy."""
 

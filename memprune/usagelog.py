@@ -1,19 +1,17 @@
-"""Usage logs and times: the file format a live chatbot's memory-usage log has, read by two steps.
+"""Usage logs: the file format a live chatbot's memory-usage log has, read by two steps.
 
 One event per (reply, memory item in its context): `bullet_id`, `used` (bool) or `weight` (float in
 [0, 1]) and an optional `time`, in Parquet or JSON lines (a file, or a directory of them). The label
-source `usage` (`memprune.label.sources.usage`) turns events into labels; pruning
-(`memprune.prune.lifecycle`) counts a bullet's recalls and its last access from the same file. Both
-read it here, so neither imports the other. `parse_time` is the one parser of a time value
-(ISO 8601 text, a datetime, or Unix seconds).
+source `usage` (`memprune.label.sources.usage`) turns events into labels; pruning counts a bullet's recalls
+and its last access from the same file (`read_usage` -> `Usage`, which the decision's inputs take). Both read it
+here, so neither imports the other. Times are parsed by `memprune.times`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import numpy as np
+
 from memprune.errors import MemPruneError
 from memprune.rejects import Ledger
+from memprune.times import parse_time
 
 USAGE_EXTENSIONS: dict[str, str] = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl",
                                     ".json": "jsonl"}
@@ -30,29 +31,6 @@ USAGE_EXTENSIONS: dict[str, str] = {".parquet": "parquet", ".pq": "parquet", ".j
 
 class UsageLogError(MemPruneError):
     """A usage log that cannot be read at all (missing file, missing column); the message names file and field."""
-
-
-def utc(value: dt.datetime) -> dt.datetime:
-    """An aware UTC datetime (a naive one is taken as UTC)."""
-    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
-
-
-def parse_time(value: Any) -> dt.datetime:
-    """A time as aware UTC: ISO 8601 text ('Z' allowed), a datetime, or Unix seconds; else ValueError."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a time")
-    if isinstance(value, dt.datetime):
-        return utc(value)
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError("time is not finite")
-        return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
-    if isinstance(value, str):
-        text = value.strip()
-        if text.endswith(("Z", "z")):
-            text = text[:-1] + "+00:00"
-        return utc(dt.datetime.fromisoformat(text))
-    raise ValueError(f"time of type {type(value).__name__}")
 
 
 def usage_files(path: str | Path, error: type[Exception] = UsageLogError) -> list[Path]:
@@ -169,3 +147,64 @@ def event_value(ev: UsageEvent) -> tuple[float | None, str, str]:
             return float(u), "", ""
         return None, "used", "used is not true/false (or 0/1)"
     return None, "used", "neither 'used' nor 'weight' is given"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Recalls and last access (epoch seconds, NaN unknown) per bullet id, from a usage log."""
+
+    recalls: Mapping[str, int]
+    last_access: Mapping[str, float]
+    events: int = 0
+
+    def lookup(self, ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(recalls, last access) of each id (0 and NaN for a bullet the log never recalled)."""
+        n = len(ids)
+        recalls = np.fromiter((self.recalls.get(i, 0) for i in ids), dtype=np.float64, count=n)
+        last = np.fromiter((self.last_access.get(i, np.nan) for i in ids), dtype=np.float64, count=n)
+        return recalls, last
+
+
+class _Strict(Ledger):
+    """A ledger for which any unusable event is an error (pruning on half a log would be a silent mistake)."""
+
+    def reject(self, *, source: str, record: str, field: str, kind: str, reason: str, value: Any = None,
+               lost: dict[str, int] | None = None) -> None:
+        raise UsageLogError(f"{source}: {record}: {reason} ({field} = {value!r})")
+
+
+def read_usage(path: str | Path, known: Any = None) -> Usage:
+    """Recalls and last access per bullet from a usage log, for pruning.
+
+    A recall is an event with `used` true or `weight` > 0; the last access is the latest `time` of a
+    recall. `known` (a set of bullet ids) is the store: an id it does not hold, an event without a usable
+    `bullet_id`/`used`/`weight`, or an unparseable time is a `UsageLogError` naming the file, line and id.
+    `known` None: any id (a caller that sees part of a store, or a check of the log alone before any work).
+    """
+    recalls: dict[str, int] = {}
+    last: dict[str, float] = {}
+    events = 0
+    for file in usage_files(path):
+        for ev in iter_events(file, _Strict()):
+            events += 1
+            bid = ev.bullet_id
+            where = f"{file}: {ev.record}"
+            if not isinstance(bid, str) or not bid:
+                raise UsageLogError(f"{where}: bullet_id is missing or not a string ({bid!r})")
+            if known is not None and bid not in known:
+                raise UsageLogError(f"{where}: unknown bullet_id {bid!r} (not in the store being pruned)")
+            value, _, why = event_value(ev)
+            if value is None:
+                raise UsageLogError(f"{where} bullet_id={bid}: {why}")
+            when = np.nan
+            if ev.time is not None:
+                try:
+                    when = parse_time(ev.time).timestamp()
+                except (ValueError, OverflowError, OSError):
+                    raise UsageLogError(f"{where} bullet_id={bid}: time {ev.time!r} is not a time "
+                                        "(ISO 8601, a timestamp or Unix seconds)") from None
+            if value > 0:
+                recalls[bid] = recalls.get(bid, 0) + 1
+                if not math.isnan(when):
+                    last[bid] = max(last.get(bid, -math.inf), when)
+    return Usage(recalls, last, events)

@@ -11,10 +11,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memprune"
 # the floor's modules (shared machinery, no method logic) may import each other, without circles.
 FLOORS = [
     {"", "errors", "schema", "config", "storage", "io", "work", "rejects", "markdown", "figures", "timing", "precision",
-     "runtime", "archive", "calibration", "encoders", "tokens", "texts", "stages", "usagelog"},
+     "runtime", "archive", "calibration", "encoders", "tokens", "texts", "times", "stages", "usagelog"},
     {"adapters", "synth", "llm", "scorer"},
-    {"ingest", "label", "prune", "memory"},
-    {"summarize", "evaluate", "dialogue", "qa"},
+    {"ingest", "label", "decision", "memory"},
+    {"prune", "summarize", "evaluate", "dialogue", "qa"},
     {"train", "stores"},
     {"tune", "serve"},
     {"pipeline", "integrations"},

@@ -22,7 +22,7 @@ PLUGIN = textwrap.dedent('''
 
     import pyarrow as pa
 
-    from memprune.prune.policies import Policy, register_policy
+    from memprune.decision import Policy, register_policy
     from memprune.stores.base import Store, register
 
 
@@ -32,9 +32,9 @@ PLUGIN = textwrap.dedent('''
         reasons: ClassVar[tuple[str, ...]] = ("off_step",)
         step: int = 2
 
-        def keep(self, scores, active, rank, codes, tokens, reason):
-            keep = active & (rank % self.step == 0)
-            reason[active & ~keep] = "off_step"
+        def keep(self, ranking, reason):
+            keep = ranking.active & (ranking.rank % self.step == 0)
+            reason[ranking.active & ~keep] = "off_step"
             return keep
 
         @property

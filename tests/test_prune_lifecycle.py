@@ -18,8 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprune.prune import MemoryPruner, PruneError, PruneRule, apply_policy, decide_policy, parse_duration, read_pruned
-from memprune.prune.lifecycle import Life, LifecycleError, Retention, read_usage, retention_factor, session_times_of
+from memprune.decision import Bullets, Retention, decide, retention_factor
+from memprune.prune import MemoryPruner, PruneError, PruneRule, read_pruned, session_times_of
+from memprune.times import parse_duration
+from memprune.usagelog import UsageLogError, read_usage
 
 DAY = 86400.0
 NOW = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
@@ -94,8 +96,12 @@ POLICIES = st.one_of(
 )
 
 
-def _life(ages, pinned, recalls) -> Life:
-    return Life(pinned=pinned, since=NOW.timestamp() - ages, recalls=recalls)
+def _life(ages, pinned, recalls) -> dict:
+    return {"pinned": pinned, "since": NOW.timestamp() - ages, "recalls": recalls}
+
+
+def _decide(scores, codes, rule, tokens=None, texts=None, **life):
+    return decide(Bullets.of(scores, codes, tokens=tokens, texts=texts, **life), rule)
 
 
 @settings(max_examples=80, deadline=None)
@@ -108,7 +114,7 @@ def test_pins_survive_every_policy_budget_and_min_keep(store, policy, min_keep, 
                  "max_age": None if max_age is None else max_age * DAY, "now": NOW if half_life or max_age else None}
     rule = PruneRule.of(**policy, min_keep=min_keep, floor=floor, dedup=dedup, pin_field="pinned",
                         retention=retention)
-    d = decide_policy(scores, codes, rule, tokens, texts if dedup else None, None, life=_life(ages, pinned, recalls))
+    d = _decide(scores, codes, rule, tokens, texts if dedup else None, **_life(ages, pinned, recalls))
     assert d.keep[pinned].all() and all(r is None for r in d.reason[pinned])
     assert (d.duplicate_of[pinned] == -1).all()
     # min-keep counts the kept non-pinned bullets: a group keeps min(m, its eligible non-pinned bullets) of them
@@ -119,8 +125,8 @@ def test_pins_survive_every_policy_budget_and_min_keep(store, policy, min_keep, 
         eligible = int((mine & ~dup & ~expired).sum())
         assert int((d.keep & mine).sum()) >= min(min_keep, eligible)
     # protected: exactly the pinned bullets the same decision drops when nothing is pinned
-    unpinned = decide_policy(scores, codes, rule.model_copy(update={"pin_field": None}), tokens,
-                             texts if dedup else None, None, life=_life(ages, np.zeros(len(scores), bool), recalls))
+    unpinned = _decide(scores, codes, rule.model_copy(update={"pin_field": None}), tokens,
+                       texts if dedup else None, **_life(ages, np.zeros(len(scores), bool), recalls))
     if pinned.any():
         assert d.protected is not None
         if not dedup:  # same clusters (none): the pinned ones' fate without the pin is the unpinned decision's
@@ -135,9 +141,9 @@ def test_pinned_bullets_stand_outside_the_competition(store, policy, min_keep):
     """Without duplicates, the non-pinned bullets are decided exactly as if the pinned ones were absent."""
     codes, scores, tokens, ages, pinned, texts, recalls = store
     rule = PruneRule.of(**policy, min_keep=min_keep, dedup=False, pin_field="pinned")
-    d = decide_policy(scores, codes, rule, tokens, life=Life(pinned=pinned))
+    d = _decide(scores, codes, rule, tokens, pinned=pinned)
     rest = ~pinned
-    alone = decide_policy(scores[rest], codes[rest], rule.model_copy(update={"pin_field": None}), tokens[rest])
+    alone = _decide(scores[rest], codes[rest], rule.model_copy(update={"pin_field": None}), tokens[rest])
     assert d.keep[rest].tolist() == alone.keep.tolist()
     assert d.reason[rest].tolist() == alone.reason.tolist()
 
@@ -150,7 +156,7 @@ def test_max_age_never_drops_a_pinned_or_a_recent_record(store, policy, min_keep
     rule = PruneRule.of(**policy, min_keep=min_keep, dedup=True, pin_field="pinned",
                         retention={"max_age": max_age * DAY, "now": NOW,
                                    "half_life": None if half_life is None else half_life * DAY})
-    d = decide_policy(scores, codes, rule, tokens, texts, None, life=_life(ages, pinned, recalls))
+    d = _decide(scores, codes, rule, tokens, texts, **_life(ages, pinned, recalls))
     expired = d.reason == "expired"
     old = NOW.timestamp() - (NOW.timestamp() - ages) > max_age * DAY  # the age as the decision measures it
     assert not (expired & pinned).any()
@@ -163,14 +169,13 @@ def test_duplicates_prefer_a_pinned_then_a_live_copy():
     codes = np.zeros(4, dtype=np.int64)
     texts = ["Ann is allergic to nuts.", "ann is allergic to nuts", "Ann is allergic to nuts!", "Bo likes tea."]
     rule = PruneRule.of(threshold=None, top_k=None, pin_field="p", retention={"max_age": "30d", "now": NOW})
-    life = Life(pinned=np.array([False, True, False, False]),
+    d = _decide(scores, codes, rule, texts=texts, pinned=np.array([False, True, False, False]),
                 since=NOW.timestamp() - np.array([40, 1, 2, 1]) * DAY)
-    d = decide_policy(scores, codes, rule, texts=texts, life=life)
     assert d.keep.tolist() == [False, True, False, True]
     assert d.reason.tolist() == ["duplicate", None, "duplicate", None]
     assert d.duplicate_of.tolist() == [1, -1, 1, -1]  # the pinned copy represents the cluster
-    life = Life(since=NOW.timestamp() - np.array([40, 1, 2, 1]) * DAY)
-    d = decide_policy(scores, codes, rule.model_copy(update={"pin_field": None}), texts=texts, life=life)
+    d = _decide(scores, codes, rule.model_copy(update={"pin_field": None}), texts=texts,
+                since=NOW.timestamp() - np.array([40, 1, 2, 1]) * DAY)
     assert d.reason.tolist() == ["duplicate", "duplicate", None, None]  # the best live copy, not the expired 0.9
     assert d.duplicate_of.tolist() == [2, 2, -1, -1]
 
@@ -239,7 +244,7 @@ def test_memory_pruner_usage_log_recalls_and_last_access(tmp_path):
     _, d = pruner.decisions(_memory())
     assert d.reason.tolist() == [None, None, "over_top_k", "below_threshold", None]
     np.testing.assert_allclose(d.effective[[1, 2, 3, 4]], [0.616, 0.280, 0.147, 0.797], atol=6e-4)
-    with pytest.raises(LifecycleError, match=r"usage\.jsonl: line 1: unknown bullet_id 'b4'"):
+    with pytest.raises(UsageLogError, match=r"usage\.jsonl: line 1: unknown bullet_id 'b4'"):
         read_usage(log, {"b1", "b2"})
 
 
@@ -264,9 +269,9 @@ def test_settings_are_validated_once():
             [{"bullet_id": "x", "text": "Ann moved to Oslo.", "time": "last week"}])
 
 
-def test_apply_policy_without_standing_is_unchanged():
+def test_a_decision_without_pins_or_times_has_no_standing():
     scores = np.array([0.9, 0.2, 0.7])
-    d = apply_policy(scores, np.zeros(3, dtype=np.int64), PruneRule.of(top_k=1, dedup=False))
+    d = _decide(scores, np.zeros(3, dtype=np.int64), PruneRule.of(top_k=1, dedup=False))
     assert d.keep.tolist() == [True, False, False] and not d.pinned.any() and d.effective is None
 
 

@@ -7,27 +7,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprune.prune import (
+from memprune.decision import (
+    Bullets,
     PruneError,
     PruneRule,
-    apply_policy,
-    decide_policy,
+    decide,
     find_duplicates,
+    group_codes,
     normalize_text,
-    prune_mask,
+    rank_within_groups,
 )
-from memprune.prune.rule import group_codes, rank_within_groups
 
 
 def _rule(**kw) -> PruneRule:
     return PruneRule.of(**{"dedup": False, **kw})
 
 
+def _decide(scores, codes, rule, **given):
+    return decide(Bullets.of(scores, codes, **given), rule)
+
+
+def _dups(scores, codes, texts, emb, threshold):
+    return find_duplicates(Bullets.of(scores, codes, texts=texts, embeddings=emb), threshold)
+
+
 def test_rule_policy_is_the_papers_rule_with_reasons():
     scores = np.array([0.9, 0.2, 0.7, 0.7, 0.6, 0.8, 0.1])
     codes = np.array([0, 0, 0, 0, 0, 1, 1])
-    d = apply_policy(scores, codes, _rule(threshold=0.5, top_k=2))
-    assert d.keep.tolist() == prune_mask(scores, codes, 0.5, 2).tolist() == [True, False, True, False, False, True, False]
+    d = _decide(scores, codes, _rule(threshold=0.5, top_k=2))
+    assert d.keep.tolist() == [True, False, True, False, False, True, False]
     assert d.reason.tolist() == [None, "below_threshold", None, "over_top_k", "over_top_k", None, "below_threshold"]
     assert d.duplicate_of.tolist() == [-1] * 7 and not d.rescued.any()
 
@@ -35,10 +43,10 @@ def test_rule_policy_is_the_papers_rule_with_reasons():
 def test_fraction_keeps_ceil_q_n_and_floor_comes_first():
     scores = np.array([0.1, 0.5, 0.9, 0.3, 0.8, 0.2, 0.4, 0.6, 0.7, 0.05])
     codes = np.zeros(10, dtype=np.int64)
-    d = apply_policy(scores, codes, _rule(policy="fraction", fraction=0.7))
+    d = _decide(scores, codes, _rule(policy="fraction", fraction=0.7))
     assert d.keep.sum() == 7  # ceil(0.7 * 10) is 7, not 8 (float noise)
     assert set(np.flatnonzero(~d.keep)) == {0, 5, 9} and set(d.reason[~d.keep]) == {"over_top_k"}
-    d = apply_policy(scores, codes, _rule(policy="fraction", fraction=0.7, floor=0.35))
+    d = _decide(scores, codes, _rule(policy="fraction", fraction=0.7, floor=0.35))
     assert d.reason[[0, 3, 5, 9]].tolist() == ["below_floor"] * 4
     assert d.keep.sum() == 5  # ceil(0.7 * 6) of the 6 bullets above the floor
 
@@ -46,26 +54,26 @@ def test_fraction_keeps_ceil_q_n_and_floor_comes_first():
 def test_min_keep_rescues_the_best_and_wins_over_threshold_floor_and_budget():
     scores = np.array([0.3, 0.4, 0.1, 0.9, 0.2])
     codes = np.array([0, 0, 0, 1, 1])
-    d = apply_policy(scores, codes, _rule(threshold=0.5, min_keep=1))
+    d = _decide(scores, codes, _rule(threshold=0.5, min_keep=1))
     assert d.keep.tolist() == [False, True, False, True, False] and d.rescued.tolist() == [False, True, False, False, False]
     assert d.reason.tolist() == ["below_threshold", None, "below_threshold", None, "below_threshold"]
-    d = apply_policy(scores, codes, _rule(policy="budget", budget_tokens=3, min_keep=2, floor=0.35),
-                     tokens=np.array([5, 5, 5, 1, 1]))
+    d = _decide(scores, codes, _rule(policy="budget", budget_tokens=3, min_keep=2, floor=0.35),
+                tokens=np.array([5, 5, 5, 1, 1]))
     assert d.keep.tolist() == [True, True, False, True, True]
 
 
 def test_budget_prefix_and_reason():
     scores = np.array([0.9, 0.8, 0.7, 0.6])
-    d = apply_policy(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10),
-                     tokens=np.array([4, 7, 2, 1]))
+    d = _decide(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10),
+                tokens=np.array([4, 7, 2, 1]))
     # best first while the running total stays within 10: 4 fits, +7 does not, so the group stops there
     assert d.keep.tolist() == [True, False, False, False] and d.reason[1:].tolist() == ["over_budget"] * 3
     # a prefix that fills B exactly is kept whole (the bound is <= B, not < B, nor a fraction of B)
-    d = apply_policy(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10),
-                     tokens=np.array([4, 6, 1, 0]))
+    d = _decide(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10),
+                tokens=np.array([4, 6, 1, 0]))
     assert d.keep.tolist() == [True, True, False, False] and d.reason[2:].tolist() == ["over_budget"] * 2
     with pytest.raises(ValueError, match="token count"):
-        apply_policy(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10))
+        _decide(scores, np.zeros(4, dtype=np.int64), _rule(policy="budget", budget_tokens=10))
 
 
 def test_config_names_and_checks():
@@ -95,15 +103,15 @@ def test_duplicates_exact_and_near_transitive_within_groups():
     emb = np.array([[1, 0, 0], [1, 0, 0], [0, 1, 0], [1, 0, 0], [0.8, 0.6, 0], [0.28, 0.96, 0], [1, 0, 0]], dtype=np.float32)
     assert normalize_text("  Ann  HAS a cat! ") == "ann has a cat"
     # text only: 0 and 1 (same normalised text); 6 is in another group
-    assert find_duplicates(scores, codes, texts, None, None).tolist() == [1, -1, -1, -1, -1, -1, -1]
+    assert _dups(scores, codes, texts, None, None).tolist() == [1, -1, -1, -1, -1, -1, -1]
     # cosine 0.9: x~y (0.8), y~z (0.96·0.6+0.28·0.8=0.8): none; at 0.75 x-y-z chain transitively, x-z is only 0.28
-    assert find_duplicates(scores, codes, None, emb, 0.75).tolist() == [1, -1, -1, 4, -1, 4, -1]
-    d = decide_policy(scores, codes, PruneRule.of(top_k=None, threshold=None, dedup_threshold=0.75), texts=texts,
-                      embeddings=emb)
+    assert _dups(scores, codes, None, emb, 0.75).tolist() == [1, -1, -1, 4, -1, 4, -1]
+    d = _decide(scores, codes, PruneRule.of(top_k=None, threshold=None, dedup_threshold=0.75), texts=texts,
+                embeddings=emb)
     assert d.reason.tolist() == ["duplicate", None, None, "duplicate", None, "duplicate", None]
-    assert find_duplicates(np.array([0.5, 0.4]), np.zeros(2, dtype=np.int64), ["?!", "..."], None, None).tolist() == [-1, -1]
+    assert _dups(np.array([0.5, 0.4]), np.zeros(2, dtype=np.int64), ["?!", "..."], None, None).tolist() == [-1, -1]
     # ties in score: the earlier bullet represents the cluster
-    assert find_duplicates(np.array([0.5, 0.5]), np.zeros(2, dtype=np.int64), ["a", "A"], None, None).tolist() == [-1, 0]
+    assert _dups(np.array([0.5, 0.5]), np.zeros(2, dtype=np.int64), ["a", "A"], None, None).tolist() == [-1, 0]
 
 
 @st.composite
@@ -122,7 +130,7 @@ def stores(draw):
 def test_budget_never_exceeds_b_in_any_group(store, budget, min_keep, floor, dedup):
     codes, scores, tokens, texts = store
     rule = PruneRule.of(policy="budget", budget_tokens=budget, min_keep=min_keep, floor=floor, dedup=dedup)
-    d = decide_policy(scores, codes, rule, tokens=tokens, texts=texts)
+    d = _decide(scores, codes, rule, tokens=tokens, texts=texts)
     n_groups = int(codes.max()) + 1 if len(codes) else 0
     kept = d.keep & ~d.rescued
     spent = np.bincount(codes[kept], weights=tokens[kept], minlength=n_groups)
@@ -163,7 +171,7 @@ def test_the_duplicate_search_of_a_huge_group_never_holds_all_its_pairs() -> Non
     scores = rng.random(n)
     tracemalloc.start()
     try:
-        dup = find_duplicates(scores, np.zeros(n, dtype=np.int64), None, emb, 0.88)
+        dup = _dups(scores, np.zeros(n, dtype=np.int64), None, emb, 0.88)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

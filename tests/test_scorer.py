@@ -199,7 +199,7 @@ def test_cuda_scores_agree_with_the_cpu_fp32_scores(fitted: tuple[Scorer, Any, P
 def test_precision_is_set_at_construction_only(fitted: tuple[Scorer, Any, Path]) -> None:
     """Precision is a keyword of `Scorer.load`/`Scorer.build`, resolved there from the device, then read-only."""
     from memprune.prune import MemoryPruner
-    from memprune.prune.config import PruneError
+    from memprune.decision import PruneError
 
     scorer, _, artifact = fitted
     assert Scorer.load(artifact).precision == "fp32" and Scorer.load(artifact, precision="bf16").precision == "bf16"

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memprune.prune import PruneRule
-from memprune.prune.lifecycle import Retention
-from memprune.prune.supersede import Supersede
-from memprune.prune.updates import UPDATE_JUDGES
+from memprune.decision import UPDATE_JUDGES, PruneRule, Retention, Supersede
 from memprune.serve import ServeConfig
 from memprune.serve.rules import SECTIONS, SERVER_ONLY, SHARED, RuleRefused, check_request_rule, request_rule
 

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprune.prune import MemoryPruner, PruneError, PruneRule
-from memprune.prune.supersede import Supersede, find_superseded
-from memprune.prune.updates import UPDATE_JUDGES, UpdateJudgeEntry, register
+from memprune.decision import Bullets, Found, PruneError, PruneRule, Retention, Supersede, apply, standing
+from memprune.decision.supersede import find_superseded
+from memprune.decision.updates import UPDATE_JUDGES, UpdateJudgeEntry, register
+from memprune.prune import MemoryPruner
 
 YES = register(UpdateJudgeEntry("yes", "every candidate pair is an update (tests)", lambda p, s: np.ones(len(p), bool)))
 
@@ -30,16 +31,18 @@ def scopes(draw):
     time[time < 0] = np.nan
     session = ints(-1, 2).astype(float)
     session[session < 0] = np.nan
+    # a shared direction and one of its own each: every pair at cosine 0.8, in the default band [0.3, 0.88)
     return {"scope": ints(0, 1), "subject": [("A", "B")[i] for i in ints(0, 1)], "time": time, "session": session,
-            "pinned": ints(0, 3) == 0, "emb": np.ones((n, 4), dtype=np.float32)}
+            "pinned": ints(0, 3) == 0, "emb": np.hstack([np.ones((n, 1)), 0.5 * np.eye(n)]).astype(np.float32)}
 
 
 @settings(max_examples=80, deadline=None)
 @given(s=scopes())
 def test_supersession_never_pins_crosses_subjects_or_scopes_or_guesses_time(s):
     n = len(s["scope"])
-    by, _ = find_superseded(Supersede(judge="yes"), (0.5, 1.01), s["scope"], s["subject"], s["time"], s["session"],
-                         ["t"] * n, s["emb"], None, s["pinned"])
+    bullets = Bullets.of(np.zeros(n), scope=s["scope"], subject=s["subject"], when=s["time"], session=s["session"],
+                         texts=["t"] * n, embeddings=s["emb"])
+    by, _ = find_superseded(bullets, Supersede(judge="yes"), (0.5, 0.88), None, s["pinned"])
     for a in np.flatnonzero(by >= 0):
         b = by[a]
         assert not s["pinned"][a]                                   # a pinned bullet is never superseded
@@ -61,8 +64,9 @@ def test_supersession_never_pins_crosses_subjects_or_scopes_or_guesses_time(s):
 def test_an_earlier_restatement_of_a_superseded_fact_goes_with_it():
     deg = np.radians([0.0, 18.0, 74.6])  # 0 ~ 1 (cosine 0.95, above the band), 1 -> 2 in the band, 0 -> 2 below it
     emb = np.c_[np.cos(deg), np.sin(deg)].astype(np.float32)
-    args = (np.zeros(3, int), ["N"] * 3, np.array([0.0, 1.0, 2.0]), np.full(3, np.nan), ["t"] * 3, emb, None, None)
-    assert find_superseded(Supersede(judge="yes"), (0.5, 0.9), *args)[0].tolist() == [2, 2, -1]
+    bullets = Bullets.of(np.zeros(3), scope=np.zeros(3, int), subject=["N"] * 3, when=np.array([0.0, 1.0, 2.0]),
+                         session=np.full(3, np.nan), texts=["t"] * 3, embeddings=emb)
+    assert find_superseded(bullets, Supersede(judge="yes"), (0.5, 0.9), None, np.zeros(3, bool))[0].tolist() == [2, 2, -1]
 
 
 def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_bring_them_back():
@@ -87,22 +91,25 @@ def test_the_decision_drops_superseded_before_the_policy_and_min_keep_does_not_b
 
 
 def test_the_superseding_bullet_ranks_with_at_least_the_score_of_what_it_supersedes():
-    from memprune.prune.policy import apply_policy
-
     rule = PruneRule.of(top_k=1, threshold=0.0, min_keep=0, dedup=False)
-    scores, codes = np.array([0.9, 0.2, 0.5, 0.1]), np.array([0, 1, 1, 2])  # sessions: [0], [1, 2], [3]
-    plain = apply_policy(scores, codes, rule)
+    bullets = Bullets.of(np.array([0.9, 0.2, 0.5, 0.1]), np.array([0, 1, 1, 2]))  # sessions: [0], [1, 2], [3]
+    stand = standing(bullets, Retention())
+
+    def found(superseded_by=None):
+        return Found(stand, superseded_by=None if superseded_by is None else np.array(superseded_by))
+
+    plain = apply(bullets, rule, found())
     assert plain.keep.tolist() == [True, False, True, True]
-    d = apply_policy(scores, codes, rule, superseded_by=np.array([1, -1, -1, -1]))  # 1 updates 0: ranks with 0.9
+    d = apply(bullets, rule, found([1, -1, -1, -1]))  # 1 updates 0: ranks with 0.9
     assert d.keep.tolist() == [False, True, False, True] and d.reason.tolist() == ["superseded", None, "over_top_k",
                                                                                    None]
-    chain = apply_policy(scores, codes, PruneRule.of(threshold=0.3, min_keep=0, dedup=False),
-                         superseded_by=np.array([1, 3, -1, -1]))  # 0 -> 1 -> 3: 3 inherits 0.9 over its 0.1
+    chain = apply(bullets, PruneRule.of(threshold=0.3, min_keep=0, dedup=False),
+                  found([1, 3, -1, -1]))  # 0 -> 1 -> 3: 3 inherits 0.9 over its 0.1
     assert chain.keep.tolist() == [False, False, True, True]
 
 
 def test_slot_judge_weights_are_safetensors_and_another_width_is_one_line():
-    from memprune.prune.updates import Pairs, slot
+    from memprune.decision.updates import Pairs, slot
 
     w = slot.weights()
     assert slot.WEIGHTS.suffix == ".safetensors" and w["mean"].shape == (384 * slot.N_VEC + slot.N_TEXT,)

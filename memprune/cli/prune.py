@@ -156,8 +156,7 @@ def load_restorers() -> None:
 def _lifecycle_values(pin_field: Optional[str], half_life: Optional[str], recall_boost: Optional[float],
                       max_age: Optional[str], now: Optional[str], usage_log: Optional[str]) -> dict[str, Any]:
     """Pins, forgetting and expiry as config values; a duration or time that does not parse is one error line."""
-    from memprune.prune.lifecycle import parse_duration
-    from memprune.usagelog import parse_time
+    from memprune.times import parse_duration, parse_time
 
     for option, text in (("--half-life", half_life), ("--max-age", max_age)):
         if text is not None:

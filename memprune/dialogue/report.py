@@ -6,7 +6,7 @@ from typing import Any
 
 from memprune.dialogue.scoring import METRICS
 from memprune.memory.report import delta_cell, value_cell
-from memprune.prune.config import rule_label
+from memprune.decision import rule_label
 
 LABELS = {"none": "No memory", "all": "All memory", "retrieval": "Retrieval", "pruned": "Pruned memory"}
 METRIC_NAMES = {"bleu": "BLEU", "rouge_l": "ROUGE-L", "bertscore_f1": "BERTScore F1", "mauve": "MAUVE"}

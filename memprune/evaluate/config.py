@@ -10,7 +10,7 @@ from memprune import stages as registry
 from memprune.config import ConfigModel, Place
 from memprune.errors import MemPruneError
 from memprune.evaluate.metrics import KS, RELEVANCE_THRESHOLD
-from memprune.prune.config import PruneRule
+from memprune.decision import PruneRule
 
 SPLITS: tuple[str, ...] = ("test", "valid")
 SPLIT_ALIASES: dict[str, str] = {"validation": "valid", "val": "valid"}

@@ -54,7 +54,7 @@ import pandas as pd
 from scipy import stats
 from sklearn.metrics import mean_absolute_error, mean_squared_error
 
-from memprune.prune.rule import group_codes
+from memprune.decision import group_codes
 
 KS: tuple[int, ...] = (1, 3, 5)
 RELEVANCE_THRESHOLD = 0.5

@@ -1,7 +1,7 @@
 """The pruning view of evaluation (DESIGN step 5 on the test split): what a pruning rule keeps.
 
-Each setting is decided by `memprune.prune.policy.apply_policy`, the decision `memprune prune` makes (without
-duplicate merging: the evaluation has scores, not texts), so any policy can be evaluated; the paper's rule
+Each setting is decided by `memprune.decision.decide`, the decision `memprune prune` makes (with the rule's policy,
+floor and min-keep alone: the evaluation has scores, not texts or times), so any policy can be evaluated; the paper's rule
 gives its Table 4 and threshold sweep.
 
 Per setting: bullets and tokens per session before and after, reductions, relevant bullets and
@@ -18,9 +18,7 @@ import numpy as np
 import pandas as pd
 
 from memprune.evaluate.config import EvalSettings, EvaluationError
-from memprune.prune.config import PruneRule
-from memprune.prune.policy import apply_policy
-from memprune.prune.rule import group_codes
+from memprune.decision import Bullets, PruneRule, decide
 
 
 def evaluation_rules(rule: PruneRule, ks: tuple[int, ...], thresholds: tuple[float, ...]) -> dict[str, list[PruneRule]]:
@@ -82,16 +80,16 @@ def pruning_view(
     against keeping the most recent bullets (`recency_rank`: 0 = most recent in session).
     """
     scores, labels = df["score"].to_numpy(), df["label"].to_numpy()
-    codes = group_codes(df["session"].to_numpy())
+    bullets = Bullets.of(scores, df["session"].to_numpy(), order=df["position"].to_numpy(),
+                         tokens=None if tokens is None else np.nan_to_num(tokens, nan=0.0).astype(np.int64))
+    codes = bullets.groups
     n_sessions = int(codes.max() + 1) if len(codes) else 0
     relevant = labels >= config.relevance_threshold
     out: dict[str, dict[str, Any]] = {}
-    order = df["position"].to_numpy()
-    counts = None if tokens is None else np.nan_to_num(tokens, nan=0.0).astype(np.int64)
     for rule in pruning_settings(config):
-        if rule.policy.needs_tokens and counts is None:
+        if rule.needs_tokens and bullets.tokens is None:
             raise EvaluationError(f"the {rule.policy.name} rule needs token counts: give the corpus (--data)")
-        keep = apply_policy(scores, codes, rule, counts, order=order).keep
+        keep = decide(bullets, rule.scores_only()).keep
         kept_per_session = np.bincount(codes[keep], minlength=n_sessions)
         row: dict[str, Any] = {
             "setting": {**rule.model_dump(mode="json"), "name": rule.name, "label": rule.label},

@@ -19,7 +19,7 @@ from memprune.figures import new_figure, save_png
 from memprune.io import write_text
 from memprune.markdown import fmt, fmt_p, mean_std, stars, table
 from memprune.evaluate.pruning import evaluation_rules
-from memprune.prune.config import PruneRule
+from memprune.decision import PruneRule
 
 STAGE_LABELS = {s.name: s.label for s in registry.STAGES}  # memprune/stages.py
 REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",

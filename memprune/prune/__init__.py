@@ -1,43 +1,34 @@
-"""Pruning (DESIGN step 5): merge duplicates, then keep what the policy (rule, budget, fraction) says, with reasons.
+"""Pruning a store (DESIGN step 5), the batch step: read a bullets store, score it on Ray Data (or on the driver),
+decide with `memprune.decision`, write the pruned store and report. `MemoryPruner` is the same decision in-process.
 
-    from memprune.prune import MemoryPruner, PruneConfig, PruneRule, run
+    from memprune.prune import MemoryPruner, PruneConfig, run
     MemoryPruner("runs/train/stage2/seed0", threshold=0.5, top_k=5).prune(["Alice has a cat.", "It rained."])
     run(PruneConfig(scorer="runs/train/stage2/seed0", input="runs/msc", out="runs/msc-pruned"))
 
-- `config`: `PruneRule` (threshold, top-k, group-by) and `PruneConfig`, validated once.
-- `rule`: the paper's rule as pure numpy functions (shared with `memprune evaluate`).
-- `policy`: the whole decision, pure: duplicates, expiry, floor, policy (rule/budget/fraction), min-keep, pins, reasons.
-- `lifecycle`: keeping memory current, pure: pins, retention (forgetting curve), expiry, durations, the usage log.
-- `split`: `--emit split` (kept/ store + dropped/ archive) and the `bullets` restorer of `memprune restore`.
+- `config`: `ScoringRuntime`, `PruneSettings` (the rule, `memprune.decision.PruneRule`, plus scoring and output) and
+  `PruneConfig`, validated once.
+- `inputs`: pins, times, recalls and scopes of the bullets, from a table's columns or mappings (`Lives`).
 - `scoring`: scoring helpers and `MemoryPruner` (in-process, no Ray).
 - `stats`: per-group counters and the before/after summary.
 - `store`: the Parquet store, its block plan, the atomic swap of the output.
 - `job`: the Ray Data job (datasource, scoring actors, shuffle fallback), and the same work on the driver.
+- `split`: `--emit split` (kept/ store + dropped/ archive) and the `bullets` restorer of `memprune restore`.
 - `stage`: `run(cfg)`; `report`: prune.md.
+
+The decision's names (`PruneRule`, `PruneError`, `GROUP_KEYS`) are re-exported here for code written against the
+step; new code imports them from `memprune.decision`.
 """
 
 from __future__ import annotations
 
-from memprune.prune.config import (
-    GROUP_KEYS,
-    PruneConfig,
-    PruneError,
-    PruneRule,
-    PruneSettings,
-)
-from memprune.prune.lifecycle import Retention, Usage, parse_duration, read_usage, retention_factor
-from memprune.prune.policy import REASONS, Decision, apply_policy, decide_policy, find_duplicates, normalize_text
-from memprune.prune.rule import (
-    group_codes,
-    prune_mask,
-    rank_within_groups,
-    setting_name,
-)
+from memprune.decision import GROUP_KEYS, PruneError, PruneRule
+from memprune.prune.config import PruneConfig, PruneSettings, ScoringRuntime
+from memprune.prune.inputs import Lives, session_times_of
 from memprune.prune.scoring import KeptBullet, MemoryPruner, group_keys_of, score_and_embed, score_texts
 from memprune.prune.split import restore_bullets, write_split
 from memprune.prune.store import list_store_files, open_store, plan_store, read_pruned
 
-_STAGE = {"run": "run", "run_prune": "run", "check_scorer": "check_scorer"}
+_STAGE = {"run": "run", "run_prune": "run"}
 
 
 def __getattr__(name: str):  # the stage (and the torch it loads) only when asked for: Ray Data's read, decide
@@ -47,39 +38,27 @@ def __getattr__(name: str):  # the stage (and the torch it loads) only when aske
         return getattr(stage, _STAGE[name])
     raise AttributeError(f"module 'memprune.prune' has no attribute {name!r}")
 
+
 __all__ = [
     "GROUP_KEYS",
-    "check_scorer",
-    "REASONS",
-    "Decision",
-    "Retention",
-    "Usage",
-    "parse_duration",
-    "read_usage",
-    "retention_factor",
-    "apply_policy",
-    "decide_policy",
-    "find_duplicates",
-    "normalize_text",
-    "restore_bullets",
-    "score_and_embed",
-    "write_split",
     "KeptBullet",
+    "Lives",
     "MemoryPruner",
     "PruneConfig",
     "PruneError",
     "PruneRule",
     "PruneSettings",
-    "group_codes",
+    "ScoringRuntime",
     "group_keys_of",
     "list_store_files",
     "open_store",
     "plan_store",
-    "prune_mask",
-    "rank_within_groups",
     "read_pruned",
+    "restore_bullets",
     "run",
     "run_prune",
+    "score_and_embed",
     "score_texts",
-    "setting_name",
+    "session_times_of",
+    "write_split",
 ]

@@ -25,12 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memprune.decision import Bullets, Decision, PruneError, PruneRule, unify_equal_texts
 from memprune.encoders import EncoderActor
 from memprune.precision import Precision
-from memprune.prune.config import PruneConfig, PruneError, PruneRule
-from memprune.prune.lifecycle import Life, Usage, life_of_table
-from memprune.prune.policy import Decision, unify_equal_texts
-from memprune.prune.rule import group_codes
+from memprune.prune.config import PruneConfig
+from memprune.prune.inputs import Lives
 from memprune.prune.scoring import (
     EMB,
     ROW,
@@ -171,7 +170,8 @@ class _Tally:
 
 @dataclass(frozen=True)
 class ScoreSettings:
-    """What a scoring actor needs: the scorer, how to batch, the token unit, the rule settings, the tally."""
+    """What a scoring actor needs: the scorer, how to batch, the token unit, the rule settings (the rule written
+    first, then the settings prune.json reports beside it), the tally."""
 
     scorer_path: str
     batch_size: int
@@ -183,20 +183,13 @@ class ScoreSettings:
     decide_here: bool
     tally: Any
     calibrated: bool = False  # map raw scores through the artifact's calibration.json
-    lives: "Lives | None" = None  # pins, ages and recalls (rule.pin_field, rule.retention)
+    lives: Lives | None = None  # the usage log and session times (pins, ages, recalls, supersession)
     worker: str = "driver"  # the scorer's name in the tally when it is not a Ray actor
 
-
-@dataclass(frozen=True)
-class Lives:
-    """What a block's `Life` is built from besides its own columns (pins, `time`): the usage log's recalls and
-    last accesses, and the corpus's session times; read once on the driver."""
-
-    usage: Usage | None = None
-    session_times: dict[tuple[Any, Any], float] | None = None
-
-    def of(self, block: pa.Table, rule: PruneRule) -> Life | None:
-        return life_of_table(block, rule.pin_field, rule.retention, self.usage, self.session_times, rule.supersede)
+    @property
+    def rule(self) -> PruneRule:
+        """The rule whose decision is written."""
+        return self.settings[0]
 
 
 class ScoreActor(EncoderActor):
@@ -220,8 +213,8 @@ class ScoreActor(EncoderActor):
         s = self.s
         started, t0, tokenizing = now(), time.perf_counter(), self.scorer.tokenize_s
         texts = block.column("text").to_pylist()
-        embed = s.settings[0].dedup or s.settings[0].supersede.on
-        scores, emb = score_and_embed(self.scorer, texts, s.batch_size, s.sort_by_length, embed=embed)
+        scores, emb = score_and_embed(self.scorer, texts, s.batch_size, s.sort_by_length,
+                                      embed=s.rule.needs_embeddings)
         check_scores(scores, block.column("bullet_id").to_pylist(), "prune")
         t1 = time.perf_counter()
         times = {"score_s": t1 - t0, "tokenize_s": self.scorer.tokenize_s - tokenizing}
@@ -239,8 +232,9 @@ class ScoreActor(EncoderActor):
                 block = block.append_column(EMB, pa.FixedSizeListArray.from_arrays(emb.reshape(-1), emb.shape[1]))
             return block
         groups = group_keys_of(block, s.keys)
-        stats, decision = _decide(groups, scores, tokens, s.settings, None, texts, emb, block, s.lives,
-                                  lambda t: self.scorer.embed(t, batch_size=s.batch_size))
+        bullets = Bullets.of(scores, groups, tokens=tokens, texts=texts, embeddings=emb,
+                             encode=lambda t: self.scorer.embed(t, batch_size=s.batch_size))
+        stats, decision = _decide(bullets, groups, block, s)
         out = with_outputs(block, scores, decision)
         times["decide_s"] = time.perf_counter() - t2
         _tell(s.tally, "add_time", times, (started, now()), self.name)
@@ -248,24 +242,15 @@ class ScoreActor(EncoderActor):
         return out
 
 
-def _decide(groups: list[Any], scores: np.ndarray, tokens: np.ndarray, settings: list[PruneRule],
-            order: np.ndarray | None, texts: list[str], emb: np.ndarray | None, block: pa.Table,
-            lives: Lives | None, encode: Callable[[list[str]], np.ndarray] | None = None,
+def _decide(bullets: Bullets, groups: list[Any], block: pa.Table, s: "ScoreSettings | BlockSettings",
             ) -> tuple[dict[str, Any], Decision]:
-    """Counters and the written setting's decision of a block of whole groups (and scopes); user errors as
-    `PruneError`."""
+    """Counters and the written setting's decision of a block of whole groups (and scopes), its pins, times and
+    scopes read from the block's columns; user errors as `PruneError`."""
     try:
-        life = (lives or Lives()).of(block, settings[0])
-        return block_stats(groups, scores, tokens, settings, order=order, texts=texts, embeddings=emb, life=life,
-                           encode=encode)
+        bullets = bullets.with_(**(s.lives or Lives()).of_table(block, s.rule))
+        return block_stats(bullets, groups, s.settings)
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
-
-
-def _unify(groups: list[Any], scores: np.ndarray, texts: list[str], emb: np.ndarray | None,
-           order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Equal texts of a group take their earliest copy's score and embedding (see `unify_equal_texts`)."""
-    return unify_equal_texts(scores, group_codes(groups), texts, emb, order)
 
 
 _ENCODERS: dict[str, Any] = {}  # the shuffle path's decide tasks: the scorer, loaded once per worker process
@@ -282,37 +267,48 @@ def _encoder(scorer_path: str) -> Callable[[list[str]], np.ndarray]:
     return encode
 
 
-def decide_sorted_block(
-    block: pa.Table, keys: list[str], settings: list[PruneRule], tally: Any, lives: Lives | None = None,
-    scorer: str | None = None,
-) -> pa.Table:
+@dataclass(frozen=True)
+class BlockSettings:
+    """What the shuffle path's decide tasks need: the group keys, the rule settings (the written rule first), the
+    usage log and session times, the scorer (whose encoder an update judge may need), the tally."""
+
+    keys: list[str]
+    settings: list[PruneRule]
+    tally: Any
+    lives: Lives | None = None
+    scorer: str | None = None
+
+    @property
+    def rule(self) -> PruneRule:
+        """The rule whose decision is written."""
+        return self.settings[0]
+
+
+def decide_sorted_block(block: pa.Table, s: BlockSettings) -> pa.Table:
     """Shuffle path: a block of whole groups (whole scopes) after the sort; order rows by (group, input position)
-    and decide. `scorer`: the artifact whose encoder an update judge may need."""
+    and decide."""
     if block.num_rows == 0:
         empty = np.zeros(0, dtype=np.int64)
-        forgets = np.zeros(0) if settings[0].retention.forgets else None  # the same columns as every other block
+        forgets = np.zeros(0) if s.rule.retention.forgets else None  # the same columns as every other block
         return with_outputs(block, np.zeros(0), Decision(
             empty.astype(bool), empty.astype(object), empty, empty.astype(bool), effective=forgets, retention=forgets,
-            superseded_by=empty if settings[0].supersede.on else None))
+            superseded_by=empty if s.rule.supersede.on else None))
     block = block.sort_by([(SORTKEY, "ascending"), (ROW, "ascending")])
-    scores = block.column("score").to_numpy()
-    tokens = block.column(TOKENS).to_numpy()
-    order = block.column(ROW).to_numpy()
     emb = None
     if EMB in block.column_names:
         col = block.column(EMB).combine_chunks()
         emb = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), col.type.list_size)
-    groups = group_keys_of(block, keys)
+    groups = group_keys_of(block, s.keys)
     started = now()
-    texts = block.column("text").to_pylist()
-    scores, emb = _unify(groups, scores, texts, emb, order)
-    stats, decision = _decide(groups, scores, tokens, settings, order, texts, emb, block, lives,
-                              _encoder(scorer) if scorer else None)
-    out = with_outputs(block, scores, decision)
-    _tell(tally, "add_time", {"decide_s": now() - started}, (started, now()))
-    _tell(tally, "add", stats)
+    bullets = unify_equal_texts(Bullets.of(
+        block.column("score").to_numpy(), groups, order=block.column(ROW).to_numpy(),
+        tokens=block.column(TOKENS).to_numpy(), texts=block.column("text").to_pylist(), embeddings=emb,
+        encode=_encoder(s.scorer) if s.scorer else None))
+    stats, decision = _decide(bullets, groups, block, s)
+    out = with_outputs(block, bullets.scores, decision)
+    _tell(s.tally, "add_time", {"decide_s": now() - started}, (started, now()))
+    _tell(s.tally, "add", stats)
     return out
-
 
 
 PREVIEW_COLUMNS = ("bullet_id", "text", "score", "keep", "reason", "duplicate_of", "superseded_by")
@@ -347,10 +343,32 @@ def pipeline_timing(start: float, end: float, stats: dict[str, Any]) -> dict[str
             "actors": actors}
 
 
-def run_on_driver(
-    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Location, calibrated: bool = False,
-    lives: Lives | None = None,
-) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
+@dataclass(frozen=True)
+class Job:
+    """One prune job as the driver planned it: the config (its rule's `now` resolved), where the scorers run, the
+    block plan and the input schema, whether the scores are calibrated, and the usage log and session times."""
+
+    config: PruneConfig
+    res: ActorResources
+    plan: Plan
+    schema: pa.Schema
+    calibrated: bool = False
+    lives: Lives | None = None
+
+    def score_settings(self, tally: Any) -> "ScoreSettings":
+        c, shuffle = self.config, self.plan.mode == "shuffle"
+        return ScoreSettings(canonical(c.scorer), c.batch_size, c.sort_by_length, c.precision, c.tokenizer,
+                             list(c.rule.keys), c.settings(), not shuffle, tally, calibrated=self.calibrated,
+                             lives=self.lives)
+
+    def block_settings(self, tally: Any) -> BlockSettings:
+        """The shuffle path's decide settings (the scorer only where an update judge may need its encoder)."""
+        c = self.config
+        return BlockSettings(list(c.rule.keys), c.settings(), tally, self.lives,
+                             canonical(c.scorer) if c.rule.supersede.on else None)
+
+
+def run_on_driver(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
     """`run_pipeline` without Ray (`execution: driver`): the same blocks, scoring, decision and output files, scored
     in this process on `res.device` by `res.actors` threads, each with its own scorer and `res.threads` torch
     threads; returns what `run_pipeline` returns."""
@@ -358,13 +376,12 @@ def run_on_driver(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    keys, settings = config.rule.keys, config.settings()
+    config, res, plan, schema = job.config, job.res, job.plan, job.schema
+    keys = config.rule.keys
     shuffle = plan.mode == "shuffle"
     t1 = now()
-    tally = _Tally(settings)
-    score = ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length, config.precision,
-                          config.tokenizer, list(keys), settings, not shuffle, tally, calibrated=calibrated,
-                          lives=lives)
+    tally = _Tally(config.settings())
+    score = job.score_settings(tally)
     torch_threads = torch.get_num_threads()
     free: queue.SimpleQueue[ScoreActor] = queue.SimpleQueue()
     reading = threading.Lock()
@@ -394,8 +411,7 @@ def run_on_driver(
     finally:
         torch.set_num_threads(torch_threads)  # the scorers set the process's torch threads to their share
     if shuffle:  # every group whole in one block: the scored rows, decided as one (as `sort_in_memory`)
-        blocks = [decide_sorted_block(pa.concat_tables(blocks), list(keys), settings, tally, lives,
-                                      canonical(config.scorer) if config.rule.supersede.on else None)]
+        blocks = [decide_sorted_block(pa.concat_tables(blocks), job.block_settings(tally))]
     preview = None
     if config.dry_run:
         rate = min(1.0, config.preview_groups / max(plan.runs, 1))
@@ -423,25 +439,21 @@ def _write_parts(blocks: list[pa.Table], tmp: Location, min_rows: int) -> None:
             pending, written = [], written + 1
 
 
-def run_pipeline(
-    config: PruneConfig, res: ActorResources, plan: Plan, schema: pa.Schema, tmp: Location, calibrated: bool = False,
-    lives: Lives | None = None,
-) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
+def run_pipeline(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
     """Assemble and run the Ray Data pipeline; write the store into `tmp` (a dry run: collect the preview
-    sample instead, and write nothing); return counters, timing and the preview rows (dry run only).
-    `calibrated`: the actors map raw scores through the artifact's calibration (resolved on the driver);
-    `lives`: the usage log and session times the decision's time steps read (the rule's `now` resolved)."""
+    sample instead, and write nothing); return counters, timing and the preview rows (dry run only)."""
     import ray
     from ray.data import DataContext
 
-    keys, settings = config.rule.keys, config.settings()
+    config, res, plan, schema = job.config, job.res, job.plan, job.schema
+    keys = config.rule.keys
     unit = config.rule.unit_keys  # what a block holds whole: the groups, and with supersession their scopes
     t1 = now()
     ctx = DataContext.get_current()
     saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = config.progress
-    tally = ray.remote(num_cpus=0)(_Tally).remote(settings)
+    tally = ray.remote(num_cpus=0)(_Tally).remote(config.settings())
     shuffle = plan.mode == "shuffle"
     try:
         ds = ray.data.read_datasource(
@@ -449,13 +461,9 @@ def run_pipeline(
             num_cpus=config.io_cpus,
             override_num_blocks=len(plan.blocks),  # no extra splitting of read outputs (it would cut groups)
         )
-        score = ScoreSettings(canonical(config.scorer), config.batch_size, config.sort_by_length,
-                              config.precision, config.tokenizer, list(keys), settings, not shuffle, tally,
-                              calibrated=calibrated, lives=lives)
-        ds = ds.map_batches(**ScoreActor.map_kwargs(score, res, batch_size=None, batch_format="pyarrow",
-                                                    blocks=len(plan.blocks)))
-        decide = {"keys": list(keys), "settings": settings, "tally": tally, "lives": lives,
-                  "scorer": canonical(config.scorer) if config.rule.supersede.on else None}
+        ds = ds.map_batches(**ScoreActor.map_kwargs(job.score_settings(tally), res, batch_size=None,
+                                                    batch_format="pyarrow", blocks=len(plan.blocks)))
+        decide = {"s": job.block_settings(tally)}
         scored = None
         if shuffle and plan.rows <= config.sort_in_memory:  # small: decided here, no distributed sort
             scored = [b if isinstance(b, pa.Table) else pa.Table.from_batches([b])

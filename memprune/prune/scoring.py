@@ -18,12 +18,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.calibration import CalibrationError, ScoreMode, resolve_score_mode
+from memprune.decision import Bullets, Decision, PruneError, PruneRule, decide
 from memprune.precision import DEFAULT_PRECISION, Precision
-from memprune.prune.config import PruneError, PruneRule
-from memprune.prune.lifecycle import Life, Usage, life_of_mappings, life_of_table, read_usage
-from memprune.prune.policy import Decision, decide_policy
-from memprune.prune.rule import group_codes
+from memprune.prune.inputs import Lives
 from memprune.texts import unencodable
+from memprune.usagelog import Usage, read_usage
 
 # With retention (`rule.retention.half_life`) `effective_score` and `retention` follow `score`.
 RETENTION_COLUMNS = ("effective_score", "retention")
@@ -128,22 +127,11 @@ def group_keys_of(table: pa.Table, keys: Sequence[str]) -> list[Any]:
     return cols[0] if len(cols) == 1 else list(zip(*cols))
 
 
-def decide(
-    scores: np.ndarray, groups: Sequence[Any] | np.ndarray, rule: PruneRule, tokens: np.ndarray | None = None,
-    texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None, order: np.ndarray | None = None,
-    life: Life | None = None, encode: Any = None,
-) -> Decision:
-    """The decision of `memprune.prune.policy.decide_policy` for these groups, with `PruneError` instead of ValueError.
-
-    A rule with retention but no `now` measures ages at the wall clock of this call.
-    """
+def decide_now(bullets: Bullets, rule: PruneRule) -> Decision:
+    """`memprune.decision.decide` with `PruneError` instead of ValueError; a rule with retention but no `now` measures
+    ages at the wall clock of this call."""
     try:
-        codes = group_codes(groups)
-        if len(codes) != len(scores):
-            raise ValueError(f"scores ({len(scores)}) and groups ({len(codes)}) differ in length")
-        rule = rule.at(dt.datetime.now(dt.timezone.utc))
-        return decide_policy(np.asarray(scores, dtype=np.float64), codes, rule, tokens, texts, embeddings, order, life,
-                             encode)
+        return decide(bullets, rule.at(dt.datetime.now(dt.timezone.utc)))
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
 
@@ -197,10 +185,10 @@ class MemoryPruner:
     `auto` (calibrated where the artifact has a calibration.json, else raw; `score_note` says so),
     `raw`, or `calibrated` (an error without a calibration); `calibrated` tells which was used.
 
-    Keeping memory current (`memprune.prune.lifecycle`): `pin_field="pinned"` pins the bullets whose
+    Keeping memory current (`memprune.prune.inputs`): `pin_field="pinned"` pins the bullets whose
     mapping key (table column) is true; `retention={"half_life": "30d", "recall_boost": 1, "max_age": "90d",
     "now": ...}` forgets by age and expires; a bullet's age comes from its last access (`usage_log`, a
-    usage log file read once here, or `usage`, a `lifecycle.Usage`), else its `time`, else its
+    usage log file read once here, or `usage`, a `memprune.usagelog.Usage`), else its `time`, else its
     `session_time` key (or column), else `session_times[(conversation_id, session_index)]`. Without
     `now` ages are measured at the wall clock of each call. The usage log is not checked against a
     store here (this sees one session at a time); `memprune prune --usage-log` checks every id.
@@ -247,8 +235,7 @@ class MemoryPruner:
                 raise PruneError(str(exc)) from exc
         if usage is not None and not self.rule.retention.on:
             raise PruneError("a usage log only matters for forgetting: set retention half_life (or max_age)")
-        self.usage = usage
-        self.session_times = session_times
+        self.lives = Lives(usage, session_times)
         self.max_bullets = max_bullets
 
     def count_tokens(self, texts: Sequence[str]) -> np.ndarray:
@@ -266,38 +253,34 @@ class MemoryPruner:
         check_scores(scores, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner")
         return self.scorer.calibrate(scores) if self.calibrated else scores
 
-    def _life(self, make: Any) -> Life | None:
+    def _decide(self, texts: list[str], groups: Sequence[Any], rule: PruneRule, fields: Any,
+                ids: Sequence[Any]) -> tuple[np.ndarray, Decision]:
+        """Score `texts` and decide them under `rule`; `fields()`: their pins, times and scopes (`Lives`)."""
         try:
-            return make()
+            life = fields()
         except ValueError as exc:
             raise PruneError(f"MemoryPruner: {exc}") from exc
-
-    def _decide_texts(self, texts: list[str], groups: Sequence[Any], ids: Sequence[Any], where: str,
-                      rule: PruneRule, life: Life | None = None) -> tuple[np.ndarray, Decision]:
         # A duck-typed scorer without `embed` (no encoder) gets exact-duplicate merging only.
-        embed = (rule.dedup or rule.supersede.on) and hasattr(self.scorer, "embed")
+        embed = rule.needs_embeddings and hasattr(self.scorer, "embed")
         scores, emb = score_and_embed(self.scorer, texts, self.batch_size, self.sort_by_length, embed=embed)
-        check_scores(scores, ids, where)
+        check_scores(scores, ids, "MemoryPruner")
         if self.calibrated:
             scores = self.scorer.calibrate(scores)
-        tokens = self.count_tokens(texts) if rule.policy.needs_tokens else None
-        encode = (lambda t: self.scorer.embed(t, batch_size=self.batch_size)) if embed else None
-        return scores, decide(scores, groups, rule, tokens, texts, emb, life=life, encode=encode)
+        bullets = Bullets.of(scores, groups, texts=texts, embeddings=emb,
+                             tokens=self.count_tokens(texts) if rule.needs_tokens else None,
+                             encode=(lambda t: self.scorer.embed(t, batch_size=self.batch_size)) if embed else None,
+                             **life)
+        return scores, decide_now(bullets, rule)
 
     def decisions(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, Decision]:
         """(scores, the whole `Decision`: keep, reason, duplicate_of, rescued, pinned, protected, and with retention
         the effective scores) for `bullets`; one group unless `groups`."""
         bullets = bullet_list(bullets, self.max_bullets)
         texts = [bullet_text(b, i) for i, b in enumerate(bullets)]
-        if groups is None:
-            groups = np.zeros(len(texts), dtype=np.int64)
-        elif len(groups) != len(texts):
+        if groups is not None and len(groups) != len(texts):
             raise PruneError(f"groups ({len(groups)}) and bullets ({len(texts)}) differ in length")
-        rule = self.rule
-        life = self._life(lambda: life_of_mappings(bullets, rule.pin_field, rule.retention, self.usage,
-                                                   self.session_times, rule.supersede))
-        return self._decide_texts(texts, groups, [f"bullets[{i}]" for i in range(len(texts))], "MemoryPruner",
-                                  rule, life)
+        return self._decide(texts, groups, self.rule, lambda: self.lives.of_mappings(bullets, self.rule),
+                            [f"bullets[{i}]" for i in range(len(texts))])
 
     def decide(self, bullets: Sequence[Any], groups: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, keep mask) for `bullets`; all one group unless per-bullet `groups` are given."""
@@ -321,9 +304,6 @@ class MemoryPruner:
         if missing:
             raise PruneError(f"<table>: column {missing[0]!r} missing")
         check_size(table.num_rows, self.max_bullets, "<table>")
-        life = self._life(lambda: life_of_table(table, rule.pin_field, rule.retention, self.usage, self.session_times,
-                                                rule.supersede))
-        scores, decision = self._decide_texts(table.column("text").to_pylist(), group_keys_of(table, rule.keys),
-                                              table.column("bullet_id").to_pylist(), "MemoryPruner.prune_table", rule,
-                                              life)
+        scores, decision = self._decide(table.column("text").to_pylist(), group_keys_of(table, rule.keys), rule,
+                                        lambda: self.lives.of_table(table, rule), table.column("bullet_id").to_pylist())
         return with_outputs(table, scores, decision)

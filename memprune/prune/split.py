@@ -31,7 +31,7 @@ from memprune.archive import (
     write_archive,
 )
 from memprune.io import MARKER, OutputSet, check_committed, temp_name, write_json
-from memprune.prune.config import PruneError
+from memprune.decision import PruneError
 from memprune.storage import is_uri
 
 STORE_KIND = "bullets"

@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,15 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from memprune.calibration import CalibrationError, resolve_score_mode
-from memprune.encoders import EncoderError
+from memprune.decision import PruneError, PruneRule
+from memprune.decision.supersede import JUDGED
 from memprune.io import OutputSet, check_out_location, check_out_outside, write_jsonl, write_summary
-from memprune.prune.config import PruneConfig, PruneError, PruneRule
-from memprune.prune.lifecycle import SESSION_TIME, TIME, epoch_seconds, format_duration, read_usage, session_times_of
+from memprune.prune.config import PruneConfig
+from memprune.prune.inputs import SESSION_TIME, TIME, Lives, session_times_of
+from memprune.prune.job import Job
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
 from memprune.prune.stats import empty_stats, summarize_stats
-from memprune.prune.supersede import JUDGED
 from memprune.prune.store import (
     STORE_DIR,
     block_rows_for,
@@ -41,11 +43,12 @@ from memprune.prune.store import (
     read_parquet,
 )
 from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors, use_gpu
-from memprune.scorer import ScorerError, artifact_path, check_artifact, load_calibration
+from memprune.scorer import ScorerError, check_scorer
 from memprune.storage import canonical, location
+from memprune.times import epoch_seconds, format_duration
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
-from memprune.usagelog import usage_files
+from memprune.usagelog import read_usage, usage_files
 from memprune.work import digest, file_digest
 
 PRUNE_FORMAT = 1
@@ -57,24 +60,6 @@ DRIVER_BLOCKS = 4
 # single-thread streams scored 583-602 bullets/s where one two-thread stream scored 464-547.
 DRIVER_STREAMS = 2
 console = Console(stderr=True)
-
-
-def check_scorer(path: str) -> dict[str, Any]:
-    """Validate a scorer artifact on the driver, before Ray starts: config, head weights, encoder, adapter.
-
-    Returns what prune.json records. Loading the whole scorer in every actor and failing there
-    would cost a cluster's start-up and bury the reason in actor tracebacks.
-    """
-    try:
-        local = artifact_path(path)  # a URI: fetched once, then checked here
-        sc = check_artifact(local)
-        cal = load_calibration(local)
-    except (ScorerError, EncoderError) as exc:
-        raise PruneError(str(exc)) from exc
-    return {"path": canonical(path), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
-            "lora": sc.lora is not None, "max_length": sc.max_length,
-            "calibration": None if cal is None else {"method": cal.method,
-                                                     "relevance_threshold": cal.relevance_threshold}}
 
 
 def score_mode(config: PruneConfig, scorer_info: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +87,7 @@ def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: lis
                "limit_rows": config.limit_rows, "columns": config.columns,
                "input": [(f.path, f.num_rows, *location(f.path).stamp()) for f in files]}
     if config.usage_log is not None:
-        payload["usage_log"] = [(str(f), file_digest(f)) for f in usage_files(config.usage_log, error=PruneError)]
+        payload["usage_log"] = [(str(f), file_digest(f)) for f in usage_files(config.usage_log)]
     sup = config.rule.supersede
     if sup.llm_config is not None or sup.llm is not None:  # the LLM update judge: its config's contents, not its path
         payload["update_llm"] = sup.llm_settings().model_dump(mode="json")
@@ -117,7 +102,7 @@ def carried_columns(config: PruneConfig, files: list[Any]) -> list[str] | None:
         names = parquet_file(files[0]).schema_arrow.names
     except (pa.ArrowInvalid, OSError):
         return config.columns  # open_store names the file
-    wanted = [config.rule.pin_field, *((TIME, SESSION_TIME) if config.rule.retention.on else ())]
+    wanted = [config.rule.pin_field, *((TIME, SESSION_TIME) if config.rule.needs_times else ())]
     return [*config.columns, *(c for c in wanted if c and c in names and c not in config.columns)]
 
 
@@ -126,10 +111,8 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
     """Before any work: the pin field is a boolean column, every `time` is a time, the usage log names only
     bullets of the store; read the log and the corpus's session times for the actors. (None, None) when the
     rule has neither pins nor retention; else what the actors need and what prune.json records."""
-    from memprune.prune.job import Lives
-
     rule = config.rule
-    if rule.pin_field is None and not rule.retention.on and not rule.supersede.on:
+    if not rule.needs_life:
         return None, None
     if rule.pin_field is not None:
         if rule.pin_field not in schema.names:
@@ -147,7 +130,7 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
                              f"{'subject' if missing[0] == rule.supersede.subject else 'scope'} "
                              f"({files[0].path}; columns: {', '.join(schema.names)})")
         info["supersede"] = rule.supersede.model_dump(mode="json")
-    if not rule.retention.on and not rule.supersede.on:
+    if not rule.needs_times:
         return Lives(), info
     try:
         for name in (TIME, SESSION_TIME):  # parse once here, so that a bad time is one line before any work
@@ -270,7 +253,10 @@ def run(config: PruneConfig) -> dict[str, Any]:
     if out.local and location(config.input).local and not (Path(config.input) / "bullets.parquet").is_file():
         check_out_outside(out.as_path(), config.input, "input store")  # a dir read whole (not a corpus dir's one file)
     check_unit(config.tokenizer)
-    scorer_info = check_scorer(config.scorer)
+    try:
+        scorer_info = check_scorer(config.scorer)
+    except ScorerError as exc:
+        raise PruneError(str(exc)) from exc
     scores_used = score_mode(config, scorer_info)
     rule, settings = config.rule, config.settings()
     store_files = list_store_files(config.input)
@@ -307,36 +293,58 @@ def run(config: PruneConfig) -> dict[str, Any]:
     console.print(f"prune: {plan.rows} bullets in {len(files)} file(s), {plan.runs} group runs; "
                   f"{plan.mode} mode ({plan.reason}); {len(plan.blocks)} blocks; "
                   f"{'scored on the driver' if on_driver else 'on Ray'}", highlight=False)
+    run = Run(Job(config, res, plan, schema, scores_used["used"] == "calibrated", lives) if res else None,
+              config, plan, schema, files, notes, scorer_info, scores_used, given_rule, life_info, on_driver, block_rows,
+              parts, started)
     with OutputSet(out, "prune") as outputs:
-        summary = _run_into(config, res, plan, schema, settings, files, notes, scorer_info, block_rows, parts,
-                            started, outputs, scores_used, given_rule, lives, life_info, on_driver)
+        summary = _run_into(run, outputs)
     where = "dry run, no store written" if config.dry_run else str(out / STORE_DIR)
     console.print(f"prune: kept {summary['result']['bullets_total_after']} of {plan.rows} bullets "
                   f"({summary['result']['bullet_reduction_pct'] or 0:.1f}% fewer) -> {where}", highlight=False)
     return summary
 
 
-def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema: pa.Schema,
-              settings: list[PruneRule], files: list[Any], notes: list[str],
-              scorer_info: dict[str, Any], block_rows: int, parts: dict[str, float], started: float,
-              outputs: OutputSet, scores_used: dict[str, Any], given_rule: PruneRule, lives: Any,
-              life_info: dict[str, Any] | None, on_driver: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Run:
+    """One `memprune prune` run as `run` checked and planned it: the job (None: nothing to score), the config (its
+    rule's `now` resolved) and the rule as given, the plan, input schema and files, notes, the scorer and which
+    scores the rule sees, what the lifecycle steps read, where the scoring ran, and the timing so far."""
+
+    job: Job | None
+    config: PruneConfig
+    plan: Any
+    schema: pa.Schema
+    files: list[Any]
+    notes: list[str]
+    scorer_info: dict[str, Any]
+    scores_used: dict[str, Any]
+    given_rule: PruneRule
+    life_info: dict[str, Any] | None
+    on_driver: bool
+    block_rows: int
+    parts: dict[str, float]
+    started: float
+
+
+def _run_into(run: Run, outputs: OutputSet) -> dict[str, Any]:
     """Run the job into the output set's staging dir: the store, then prune.json and prune.md."""
     from memprune.prune.job import run_on_driver, run_pipeline
 
+    config, plan, schema, files, scorer_info = run.config, run.plan, run.schema, run.files, run.scorer_info
+    res = None if run.job is None else run.job.res
+    settings = config.settings()
     rule = config.rule
     store = outputs.target(STORE_DIR)
     out_schema = pa.schema([*schema, *(pa.field(n, t) for n, t in output_types(rule).items())])
     preview = None
-    if plan.rows == 0 or res is None:
+    if plan.rows == 0 or run.job is None:
         stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
         timing: dict[str, Any] = {}
         if not config.dry_run:
             store.fs.create_dir(store.path, recursive=True)
             pq.write_table(out_schema.empty_table(), (store / "part-00000.parquet").path, filesystem=store.fs)
     else:
-        stats, timing, preview = (run_on_driver if on_driver else run_pipeline)(
-            config, res, plan, schema, store, calibrated=scores_used["used"] == "calibrated", lives=lives)
+        stats, timing, preview = (run_on_driver if run.on_driver else run_pipeline)(run.job, store)
     finishing = time.perf_counter()
     written = [] if config.dry_run else finalize_files(store)
     rows_out = sum(parquet_file(p).metadata.num_rows for p in written)
@@ -368,13 +376,13 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
             "columns": out_schema.names, "emit": config.emit},
         "emitted": emitted,
         "scorer": scorer_info,
-        "score": scores_used,
+        "score": run.scores_used,
         # the rule as given (a `now` left unset stays unset; the one used is in `lifecycle`)
-        "rule": {**given_rule.model_dump(mode="json"), "name": rule.name, "label": rule.label,
+        "rule": {**run.given_rule.model_dump(mode="json"), "name": rule.name, "label": rule.label,
                  "description": rule.describe(), "keys": list(rule.keys),
                  "ties": "higher score first, then earlier input position"},
         "duplicates": stats.get("duplicates", 0),
-        "lifecycle": None if life_info is None else {**life_info, "pinned": stats.get("pinned", 0),
+        "lifecycle": None if run.life_info is None else {**run.life_info, "pinned": stats.get("pinned", 0),
                                                      "age_unknown": stats.get("age_unknown", 0),
                                                      **{k: stats.get(k, 0) for k in JUDGED if rule.supersede.on}},
         "grouping": {"mode": plan.mode, "contiguous": plan.contiguous, "reason": plan.reason, "groups": stats["groups"],
@@ -386,16 +394,16 @@ def _run_into(config: PruneConfig, res: ActorResources | None, plan: Any, schema
         "settings": per_setting,
         "scores": {"mean": stats["score_sum"] / stats["rows"] if stats["rows"] else None, "min": stats["score_min"],
                    "max": stats["score_max"]},
-        "resources": None if res is None else {"execution": "driver" if on_driver else "ray",
+        "resources": None if res is None else {"execution": "driver" if run.on_driver else "ray",
                                                 "actors": res.actors, "device": res.device, "threads_per_actor": res.threads,
                                                 "actor_cpu_request": res.cpus, "batch_size": config.batch_size,
-                                                "block_rows": block_rows,
+                                                "block_rows": run.block_rows,
                                                 # what the actors ran at, resolved on their device; and the request
                                                 "precision": stats.get("precision") or None,
                                                 "nodes": len(stats.get("nodes") or ()),  # that ran scoring actors
                                                 "precision_requested": config.precision},
-        "timing": timing_of(started, finishing, parts, timing, stats, plan),
-        "notes": notes,
+        "timing": timing_of(run.started, finishing, run.parts, timing, stats, plan),
+        "notes": run.notes,
         "config": config.model_dump(mode="json"),
     }
     write_summary(outputs.staging, "prune", summary, render_markdown(summary))

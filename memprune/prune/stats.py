@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from memprune.prune.config import PruneRule
-from memprune.prune.lifecycle import Life, standing
-from memprune.prune.policy import Decision, apply_policy, find_duplicates, reasons, superseded
-from memprune.prune.rule import group_codes
-from memprune.prune.supersede import JUDGED
+from memprune.decision import Bullets, Decision, PruneRule, apply, prepare, reasons
+from memprune.decision.supersede import JUDGED
 
 
 def stable_hash(key: Any) -> int:
@@ -41,18 +37,14 @@ def empty_stats(settings: Sequence[PruneRule]) -> dict[str, Any]:
     }
 
 
-def block_stats(
-    groups: Sequence[Any], scores: np.ndarray, tokens: np.ndarray, settings: Sequence[PruneRule],
-    order: np.ndarray | None = None, texts: Sequence[str] | None = None, embeddings: np.ndarray | None = None,
-    life: Life | None = None, encode: Any = None,
-) -> tuple[dict[str, Any], Decision]:
-    """Counters of one block that holds whole groups (and whole supersession scopes), and the decision of the first
-    setting (the one written).
+def block_stats(bullets: Bullets, groups: Sequence[Any], settings: Sequence[PruneRule]) -> tuple[dict[str, Any], Decision]:
+    """Counters of one block that holds whole groups (and whole supersession scopes; `groups`: each bullet's group
+    key, for the groups' hashes), and the decision of the first setting (the one written).
 
-    The time steps' standing (pins, retention, expiry), the duplicates and the superseded bullets are found once
-    (every setting shares the rule's pins, retention, dedup and supersession) and each setting's policy applied.
+    The shared steps (pins, retention, expiry, duplicates, supersession: `decision.prepare`) run once for the
+    rule; each setting's own steps after (`decision.apply`). `bullets.tokens` are required (the counters).
     """
-    codes = group_codes(groups)
+    codes, scores, tokens = bullets.groups, bullets.scores, bullets.tokens
     n_groups = int(codes.max()) + 1 if len(codes) else 0
     first = np.unique(codes, return_index=True)[1] if len(codes) else np.zeros(0, dtype=np.int64)
     stats = empty_stats(settings)
@@ -62,20 +54,17 @@ def block_stats(
         group_hashes=np.fromiter((stable_hash(groups[i]) for i in first), dtype=np.int64, count=len(first)),
     )
     main = settings[0]
-    stand = standing(scores, main.retention, life)
-    dup = (find_duplicates(stand.effective, codes, texts, embeddings, main.dedup_threshold, order, stand.priority)
-           if main.dedup else None)
-    sup, judged = superseded(main, life, stand, texts, embeddings, dup, encode)
-    stats.update(judged or {})
-    stats["duplicates"] = int((dup >= 0).sum()) if dup is not None else 0
-    stats["pinned"] = int(stand.pinned.sum())
-    stats["age_unknown"] = int((~stand.age_known).sum()) if main.retention.on else 0
+    found = prepare(bullets, main)
+    stats.update(found.judged or {})
+    stats["duplicates"] = int((found.duplicate_of >= 0).sum()) if found.duplicate_of is not None else 0
+    stats["pinned"] = int(found.standing.pinned.sum())
+    stats["age_unknown"] = int((~found.standing.age_known).sum()) if main.retention.on else 0
     decisions = []
     for rule in settings:
-        d = apply_policy(scores, codes, rule, tokens, dup, order, stand, sup)
-        decisions.append(replace(d, judged=judged))
+        d = apply(bullets, rule, found)
+        decisions.append(d)
         kept = np.bincount(codes[d.keep], minlength=n_groups)
-        budgeted = d.keep & ~stand.pinned  # pinned bullets stand outside the budget
+        budgeted = d.keep & ~found.standing.pinned  # pinned bullets stand outside the budget
         kept_tokens = np.bincount(codes[budgeted], weights=tokens[budgeted], minlength=n_groups)
         hist = np.bincount(kept)
         stats["settings"][rule.name] = {

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprune.io import check_committed
-from memprune.prune.config import PruneError
+from memprune.decision import PruneError
 from memprune.prune.scoring import HELPERS, OUTPUT_COLUMNS
 from memprune.prune.stats import stable_hash
 from memprune.schema import BULLETS, compatible

@@ -8,7 +8,7 @@ from typing import Any
 from memprune.figures import new_figure, save_png
 from memprune.markdown import fmt, table
 from memprune.memory.report import delta_cell, value_cell
-from memprune.prune.config import rule_label
+from memprune.decision import rule_label
 from memprune.qa.scoring import ANSWERABLE, OVERALL
 
 METRIC_NAMES = {"f1": "F1", "bleu1": "BLEU-1", "judge": "J (judge)"}

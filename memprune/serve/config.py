@@ -9,8 +9,8 @@ from pydantic import Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
 from memprune.precision import Precision, precision_field
-from memprune.prune import PruneRule
-from memprune.prune.updates import UPDATE_JUDGES, update_judge
+from memprune.decision import PruneRule
+from memprune.decision.updates import UPDATE_JUDGES, update_judge
 
 STORE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")  # what a configured store may be called
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from memprune.prune import PruneRule
-from memprune.prune.policies import POLICIES
+from memprune.decision import POLICIES, PruneRule
 
 # The rule's fields a request may set (scalars), and those of its two sections. Every other field of
 # `PruneRule`, `Retention` and `Supersede` is the server's alone (tests/test_serve_rules.py checks that each field

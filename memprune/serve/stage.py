@@ -51,7 +51,7 @@ def run(cfg: ServeConfig) -> dict[str, Any]:
     """Check the scorer, start Ray (or join `ray_address`) and the app; the summary: URL, scorer, stores.
 
     With `block`, serves until Ctrl-C or SIGTERM, then shuts the app down and the Ray it started, in order."""
-    from memprune.prune import check_scorer
+    from memprune.scorer import check_scorer
 
     scorer = check_scorer(cfg.scorer)  # a broken artifact is one line here, not a replica crash loop
     check_stores(cfg)

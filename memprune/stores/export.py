@@ -18,7 +18,7 @@
 Either way the same records give the same bullets, rejects, fingerprint and errors.
 
 With `check_times` (the rule forgets or expires) every usable record's time must parse as
-`memprune.prune.lifecycle` parses times; a pin value must be true/false/1/0 (or null). Either is one
+`memprune.times` parses times; a pin value must be true/false/1/0 (or null). Either is one
 `StoreError` naming the store, the record id and the column, raised before the prune job starts.
 
 The sort makes groups contiguous (the prune job then streams) and makes the tie order (earlier
@@ -42,7 +42,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memprune.prune.lifecycle import TIME as BULLET_TIME, LifecycleError, epoch_seconds
+from memprune.prune.inputs import TIME as BULLET_TIME
+from memprune.times import TimeError, epoch_seconds
 from memprune.schema import BULLETS
 from memprune.storage import Location, location
 from memprune.stores.base import NORMAL, Store, bad_pin, pin_flags
@@ -112,7 +113,7 @@ class Export:
 
 def store_times(values: pa.Array | pa.ChunkedArray, column: str, ids: list[Any]) -> np.ndarray:
     """Normal-form times (text) as epoch seconds, NaN unknown (empty); numeric text is Unix seconds; a value that
-    is not a time is a `LifecycleError` naming `column` and the record."""
+    is not a time is a `TimeError` naming `column` and the record."""
     vals = [None if t is None or t == "" else float(t) if NUMBER.fullmatch(t) else t for t in values.to_pylist()]
     return epoch_seconds(vals, column, ids)
 
@@ -145,7 +146,7 @@ def check_lives(store: Store, batch: pa.RecordBatch, check_times: bool) -> int:
     if check_times:
         try:
             store_times(usable.column("time"), store.fields["time"], usable.column("id").to_pylist())
-        except LifecycleError as exc:
+        except TimeError as exc:
             raise StoreError(f"{store.where}: {exc}; nothing was changed") from None
     return len(batch) - batch.column("pin").null_count
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memprune.archive import write_archive
-from memprune.prune import PruneRule
+from memprune.decision import PruneRule
 from memprune.stores.apply import archive_records, diff
 from memprune.stores.base import CHANGED, NORMAL, REMOVED, Store, text_hash
 from memprune.stores.config import StoreError

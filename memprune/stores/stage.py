@@ -23,18 +23,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from memprune.io import OutputSet, check_committed, check_out_location, check_out_outside, write_jsonl, write_summary
 from memprune import prune
+from memprune.io import OutputSet, check_committed, check_out_location, check_out_outside, write_jsonl, write_summary
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
 from memprune.prune.store import read_parquet
 from memprune.runtime import ensure_ray
+from memprune.scorer import check_scorer
 from memprune.storage import Location, canonical
 from memprune.stores.apply import apply_decision
 from memprune.stores.base import Store, chunks, open_store, split_input
 from memprune.stores.config import ScoreConfig, StoreError, StoreOptions, StorePruneConfig
 from memprune.stores.export import HASH, PIN, STAGED, TIME, Export, export
 from memprune.stores.report import render_score, store_section
+from memprune.usagelog import read_usage
 
 WORK = ".work"
 BULLET_MAP = {"id": "bullet_id", "text": "text", "group": "conversation_id"}
@@ -124,11 +126,11 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Location,
          **fields: Any) -> tuple[Export, dict[str, Any], pa.Table]:
     """Export the store and run the prune stage on it (its config from `config.bullets_config`, with `fields`);
     (export, the stage's summary, its output table)."""
-    prune.check_scorer(config.scorer)
+    check_scorer(config.scorer)
     usage_log = getattr(config, "usage_log", None)
     if usage_log is not None:  # a missing or malformed log is one line before Ray and the export (ids: after it)
         try:
-            prune.read_usage(usage_log)
+            read_usage(usage_log)
         except ValueError as exc:
             raise StoreError(str(exc)) from None
     ensure_ray(config.ray_address)

@@ -30,9 +30,10 @@ from memprune.label.sources.common import (
 from memprune.rejects import Ledger
 # the log format is read in memprune.usagelog (pruning reads it too); USAGE_EXTENSIONS, UsageEvent and parse_time
 # stay importable from here
-from memprune.usagelog import USAGE_EXTENSIONS, UsageEvent, event_value, iter_events, parse_time  # noqa: F401
+from memprune.times import parse_time  # noqa: F401  (re-exported: the usage source's times)
+from memprune.usagelog import USAGE_EXTENSIONS, UsageEvent, event_value, iter_events  # noqa: F401
 from memprune.usagelog import usage_files as _usage_files
-from memprune.usagelog import utc as _utc
+from memprune.times import utc as _utc
 from memprune.work import file_digest
 
 # Reasons a bullet gets no label from this source (listed in unlabelled.jsonl).

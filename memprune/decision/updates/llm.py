@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from memprune.decision.updates.registry import NO_VERDICT, Pairs, UpdateJudgeEntry, register
 from memprune.llm.local import local_engine, run_rows
-from memprune.prune.updates.registry import NO_VERDICT, Pairs, UpdateJudgeEntry, register
 
 
 def judge(pairs: Pairs, settings: Any) -> np.ndarray:

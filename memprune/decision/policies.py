@@ -3,28 +3,43 @@
 A policy decides which of a group's distinct bullets stay, given their ranking (best first). Every
 entry of `POLICIES` is a small pydantic model (its own settings, validated once) with:
 
-- `keep(...)`: the kept mask, writing the reason of each bullet it drops;
+- `keep(ranking, reason)`: the kept mask of a `Ranking` (effective scores, active, rank, groups, tokens), writing
+  the reason of each bullet it drops;
 - `key` (`t0.5_k5`, `budget120`, `fraction0.4`): the stable name of a setting in prune.json/metrics.json;
 - `label`: the short words a downstream report shows ("t=0.5, k=5", "budget 120 tokens");
 - `describe(unit)`: the decision in a sentence (prune.md);
 - `sweep(top_ks)`: the settings reported beside it (the paper's rule: its top-k sweep);
 - `needs_tokens`: whether it needs every bullet's token count.
 
-Adding a policy is one subclass decorated with `@register_policy`: the config (`PruneRule`), the batch
+Adding a policy is one subclass decorated with `@register_policy`: the rule (`PruneRule`), the decision, the batch
 job, `MemoryPruner`, `memprune evaluate`, prune.json and prune.md take it from here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 from pydantic import ConfigDict, Field
 
 from memprune.config import ConfigModel
-from memprune.prune.rule import setting_name
+from memprune.decision.ranking import setting_name
 
 BELOW_THRESHOLD, OVER_TOP_K, OVER_BUDGET = "below_threshold", "over_top_k", "over_budget"
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """What a policy decides on, per bullet: the effective score, whether it still competes (`active`: not a
+    duplicate, superseded, expired, below the floor or pinned), its rank among its group's active bullets (0 =
+    best), the group codes, and the token counts (None unless the policy `needs_tokens`)."""
+
+    scores: np.ndarray
+    active: np.ndarray
+    rank: np.ndarray
+    codes: np.ndarray
+    tokens: np.ndarray | None
 
 
 class Policy(ConfigModel):
@@ -36,9 +51,8 @@ class Policy(ConfigModel):
     needs_tokens: ClassVar[bool] = False
     reasons: ClassVar[tuple[str, ...]] = ()  # the reasons `keep` writes
 
-    def keep(self, scores: np.ndarray, active: np.ndarray, rank: np.ndarray, codes: np.ndarray,
-             tokens: np.ndarray | None, reason: np.ndarray) -> np.ndarray:
-        """The kept mask among `active` bullets (`rank`: 0-based within the group among active ones)."""
+    def keep(self, ranking: Ranking, reason: np.ndarray) -> np.ndarray:
+        """The kept mask among the ranking's active bullets; the reason of each bullet it drops goes into `reason`."""
         raise NotImplementedError
 
     @property
@@ -96,14 +110,14 @@ class RulePolicy(Policy):
                                     description="drop bullets scored below this (scores are in [0, 1]); null = no threshold")
     top_k: int | None = Field(5, ge=1, description="keep at most k bullets per group; null = no cap")
 
-    def keep(self, scores, active, rank, codes, tokens, reason):  # type: ignore[no-untyped-def]
-        keep = active.copy()
+    def keep(self, ranking: Ranking, reason: np.ndarray) -> np.ndarray:
+        keep = ranking.active.copy()
         if self.threshold is not None:
-            low = active & (scores < self.threshold)
+            low = ranking.active & (ranking.scores < self.threshold)
             reason[low] = BELOW_THRESHOLD
             keep &= ~low
         if self.top_k is not None:
-            over = keep & (rank >= self.top_k)
+            over = keep & (ranking.rank >= self.top_k)
             reason[over] = OVER_TOP_K
             keep &= ~over
         return keep
@@ -147,12 +161,12 @@ class BudgetPolicy(Policy):
     reasons: ClassVar[tuple[str, ...]] = (OVER_BUDGET,)
     budget_tokens: int = Field(ge=0, description="kept tokens per group never exceed this (--budget-tokens B)")
 
-    def keep(self, scores, active, rank, codes, tokens, reason):  # type: ignore[no-untyped-def]
-        if tokens is None:
+    def keep(self, ranking: Ranking, reason: np.ndarray) -> np.ndarray:
+        if ranking.tokens is None:
             raise ValueError("policy 'budget' needs the token count of every bullet")
-        n = len(scores)
-        t = np.where(active, np.asarray(tokens, dtype=np.int64), 0)
-        idx = np.lexsort((rank, codes))
+        n, active, codes = len(ranking.scores), ranking.active, ranking.codes
+        t = np.where(active, np.asarray(ranking.tokens, dtype=np.int64), 0)
+        idx = np.lexsort((ranking.rank, codes))
         cum = np.cumsum(t[idx])
         sc = codes[idx]
         starts = np.r_[0, np.flatnonzero(np.diff(sc)) + 1]
@@ -186,11 +200,12 @@ class FractionPolicy(Policy):
     reasons: ClassVar[tuple[str, ...]] = (OVER_TOP_K,)
     fraction: float = Field(gt=0.0, le=1.0, description="keep the top ceil(q * n) of each group (--fraction q)")
 
-    def keep(self, scores, active, rank, codes, tokens, reason):  # type: ignore[no-untyped-def]
+    def keep(self, ranking: Ranking, reason: np.ndarray) -> np.ndarray:
+        codes, active = ranking.codes, ranking.active
         n_groups = int(codes.max()) + 1 if len(codes) else 0
         distinct = np.bincount(codes[active], minlength=n_groups)
         k = np.ceil(self.fraction * distinct - 1e-9).astype(np.int64)
-        keep = active & (rank < k[codes])
+        keep = active & (ranking.rank < k[codes])
         reason[active & ~keep] = OVER_TOP_K
         return keep
 

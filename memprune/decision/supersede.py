@@ -1,6 +1,6 @@
 """Supersession: a later bullet that updates an earlier one of the same subject supersedes it (reason `superseded`).
 
-A step of the one decision (`memprune.prune.policy`), after duplicate merging and before expiry, the floor
+A step of the one decision (`memprune.decision.decide`), after duplicate merging and before expiry, the floor
 and the policy. It works within a *scope* (`Supersede.scope`: the conversation (a store's user) by default,
 or the session), separate from the policy's group because updates cross sessions. Among the scope's bullets
 of one subject (`Supersede.subject`, e.g. `speaker`) that represent their duplicate cluster:
@@ -8,7 +8,7 @@ of one subject (`Supersede.subject`, e.g. `speaker`) that represent their duplic
 1. **candidates**: pairs whose cosine (the scorer's own embeddings) lies in the band [low, high), below the
    duplicate threshold, ordered in time: by the bullets' times when both are known and differ, else by
    their session order when both are known and differ; equal or unknown times are never guessed (no pair);
-2. **the update judge** (`memprune.prune.updates.UPDATE_JUDGES`) says of each pair whether B updates A;
+2. **the update judge** (`memprune.decision.updates.UPDATE_JUDGES`) says of each pair whether B updates A;
 3. the earlier A of each accepted pair goes, `superseded_by` = the latest B that updates it; so does an earlier
    restatement of A (cosine >= high: the same fact stated again in another session, which the judge never
    sees), transitively. A pinned bullet is never superseded (it can still supersede an older one).
@@ -16,7 +16,6 @@ of one subject (`Supersede.subject`, e.g. `speaker`) that represent their duplic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,8 +23,9 @@ import numpy as np
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
+from memprune.decision.bullets import Bullets
+from memprune.decision.updates import NO_VERDICT, Pairs, update_judge
 from memprune.llm import LLMConfig
-from memprune.prune.updates import NO_VERDICT, Pairs, update_judge
 
 SUPERSEDED = "superseded"
 JUDGED = ("supersede_pairs", "supersede_updates", "supersede_no_verdict")  # the judge's counters (prune.json)
@@ -38,7 +38,7 @@ class Supersede(ConfigModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
-    judge: str | None = Field(None, description="the update judge (memprune.prune.updates); null = no supersession")
+    judge: str | None = Field(None, description="the update judge (memprune.decision.updates); null = no supersession")
     scope: Literal["conversation", "session"] = Field(
         "conversation", description="where an update can supersede: the conversation (a store's user) or the session")
     subject: str = Field("speaker", min_length=1, description="column (mapping key) of whom a fact is about")
@@ -114,17 +114,18 @@ def later(time: np.ndarray, session: np.ndarray, i: np.ndarray, j: np.ndarray) -
     return np.where(by_session, np.sign(np.nan_to_num(sj - si)), out).astype(np.int64)
 
 
-def candidates(
-    band: tuple[float, float], scope: np.ndarray, subject: Sequence[Any], time: np.ndarray, session: np.ndarray,
-    embeddings: np.ndarray, duplicate_of: np.ndarray | None, pinned: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def candidates(bullets: Bullets, band: tuple[float, float], duplicate_of: np.ndarray | None,
+               pinned: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The candidate pairs (A earlier, B later, their cosine): same scope and subject, both representatives, cosine in
     the band, time order known, A not pinned."""
-    n = len(scope)
-    emb = np.asarray(embeddings, dtype=np.float32)
+    scope, subject, time, session = bullets.scope, bullets.subject or [], bullets.when, bullets.session
+    n = len(bullets)
+    time = np.full(n, np.nan) if time is None else time
+    session = np.full(n, np.nan) if session is None else session
+    emb = np.asarray(bullets.embeddings, dtype=np.float32)
     emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     rep = np.ones(n, dtype=bool) if duplicate_of is None else np.asarray(duplicate_of) < 0
-    free = np.ones(n, dtype=bool) if pinned is None else ~np.asarray(pinned, dtype=bool)
+    free = ~np.asarray(pinned, dtype=bool)
     subj: dict[Any, int] = {}
     part = np.fromiter((subj.setdefault((int(c), s), len(subj)) if s is not None else -1
                         for c, s in zip(scope, subject)), dtype=np.int64, count=n)
@@ -151,33 +152,33 @@ def candidates(
     return np.concatenate(ai), np.concatenate(bi), np.concatenate(cos)
 
 
-def find_superseded(
-    settings: Supersede, band: tuple[float, float], scope: np.ndarray, subject: Sequence[Any], time: np.ndarray,
-    session: np.ndarray, texts: Sequence[str], embeddings: np.ndarray | None, duplicate_of: np.ndarray | None,
-    pinned: np.ndarray | None, encode: Callable[[list[str]], np.ndarray] | None = None,
-) -> tuple[np.ndarray, dict[str, int]]:
+def find_superseded(bullets: Bullets, settings: Supersede, band: tuple[float, float], duplicate_of: np.ndarray | None,
+                    pinned: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
     """Index of the bullet that supersedes each bullet (-1: none), see the module docstring; and the judge's counts
-    (`JUDGED`: pairs judged, updates found, pairs without a verdict (an LLM answer that never parsed))."""
-    n = len(texts)
+    (`JUDGED`: pairs judged, updates found, pairs without a verdict (an LLM answer that never parsed)). `band`: the
+    candidates' cosines (`settings.band(dedup_threshold)`)."""
+    n = len(bullets)
     out = np.full(n, -1, dtype=np.int64)
     counts = dict.fromkeys(JUDGED, 0)
     if n < 2:
         return out, counts
-    if embeddings is None:
+    if bullets.embeddings is None:
         raise ValueError("supersession needs the scorer's embeddings (a scorer with embed())")
     # one pass over the pairs: those in the band go to the judge, those above it are restatements (below)
-    pa_, pb, c = candidates((band[0], np.inf), scope, subject, time, session, embeddings, duplicate_of, pinned)
+    pa_, pb, c = candidates(bullets, (band[0], np.inf), duplicate_of, pinned)
     judged = c < band[1]
     a, b, c = pa_[judged], pb[judged], c[judged]
     if not len(a):
         return out, counts
     entry = update_judge(str(settings.judge))
-    emb = np.asarray(embeddings)
-    verdict = np.asarray(entry.judge(Pairs([texts[k] for k in a], [texts[k] for k in b], c, encode, emb[a], emb[b]),
-                                     settings), dtype=np.int64)
+    texts, emb = bullets.texts, np.asarray(bullets.embeddings)
+    verdict = np.asarray(entry.judge(Pairs([texts[k] for k in a], [texts[k] for k in b], c, bullets.encode, emb[a],
+                                           emb[b]), settings), dtype=np.int64)
     counts.update(supersede_pairs=len(a), supersede_updates=int((verdict > 0).sum()),
                   supersede_no_verdict=int((verdict == NO_VERDICT).sum()))
     a, b = a[verdict > 0], b[verdict > 0]
+    time = np.full(n, np.nan) if bullets.when is None else bullets.when
+    session = np.full(n, np.nan) if bullets.session is None else bullets.session
     for k in np.lexsort((b, np.nan_to_num(session[b], nan=-np.inf), np.nan_to_num(time[b], nan=-np.inf))):
         out[a[k]] = b[k]  # in time order: the latest B that updates A wins
     # an earlier restatement of a superseded fact (cosine >= high: the same fact in another session) goes with it

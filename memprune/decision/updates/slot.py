@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from memprune.prune.updates.registry import Pairs, UpdateJudgeEntry, register
+from memprune.decision.updates.registry import Pairs, UpdateJudgeEntry, register
 
 WEIGHTS = Path(__file__).with_name("slot.safetensors")
 N_TEXT = 7  # the text features, before the five embedding vectors
@@ -32,7 +32,7 @@ _WORD = re.compile(r"\w+")
 
 
 def _words(text: str) -> list[str]:
-    """The words of `policy.normalize_text` (NFKC, case-folded, punctuation dropped)."""
+    """The words of `duplicates.normalize_text` (NFKC, case-folded, punctuation dropped)."""
     return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
