@@ -31,7 +31,8 @@ from memprune.ingest import distribution
 from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary, write_table
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.config import LLMSection
-from memprune.llm.run import BULLET_TYPE, COMMON_FIELDS
+from memprune.llm.run import COMMON_FIELDS
+from memprune.llm.tasks import BULLET_TYPE
 from memprune.rejects import Ledger
 from memprune.runtime import ensure_ray
 from memprune.schema import BULLETS, bullet_id

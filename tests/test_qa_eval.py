@@ -25,7 +25,8 @@ from test_llm_vllm import require_vllm
 from memprune.cli import app
 from memprune.llm import QA_JUDGE_SCHEMA, LLMConfig, parse_answer, parse_qa_judge
 from memprune.llm.engines import HttpRequest, VLLMRequest
-from memprune.llm.prompts import NO_MEMORY, answer_messages, load_template
+from memprune.llm.prompts import NO_MEMORY, answer_messages
+from memprune.llm.tasks import load_template
 from memprune.llm.run import finish_rows, prepare_rows, settle_rows
 from memprune.memory import bootstrap as B
 from memprune.qa import (

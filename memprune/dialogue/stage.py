@@ -40,7 +40,7 @@ from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
 from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import results_schema, run_llm_chunks
-from memprune.llm.prompts import load_template
+from memprune.llm.tasks import load_template
 from memprune.llm.tokens import PromptTokens
 from memprune.memory.conditions import bullets_by_session, memory_pool
 from memprune.memory.cost import cost_table

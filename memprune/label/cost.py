@@ -35,7 +35,7 @@ from memprune.encoders import model_label, resolve_encoder
 from memprune.label.config import LabelError
 from memprune.label.judges import JUDGES
 from memprune.label.pairs import PairPlan, target_groups
-from memprune.llm.prompts import load_template
+from memprune.llm.tasks import load_template
 from memprune.llm.tokens import has_chat_template, local_tokenizer, render_prompt
 from memprune.tokens import backend_encoder
 

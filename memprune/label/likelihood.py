@@ -114,7 +114,7 @@ def score_turns(plan: PairPlan, groups: list[tuple[int, int]], judge: Likelihood
                 counters["tokens_in"] += int(row.get("tokens_in") or 0)
                 # vLLM numbers requests from 0 in each engine replica: the 0s count the replicas that served
                 counters["replicas_served"] += row.get("engine_request_id") == 0
-    if judge.config.engine == "vllm":
+    if judge.config.kind.scores_by_generating:
         counters["tokens_out"] = counters["calls"]  # max_tokens=1: one generated token per request
     rows = []
     for g, (a, b) in enumerate(groups):

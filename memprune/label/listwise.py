@@ -38,7 +38,8 @@ from memprune.label.judging import judge_all
 from memprune.label.llm_judge import LLMJudge, blocks, judge_pair_rows, sampling_override
 from memprune.label.pairs import PairPlan, group_bounds, target_groups
 from memprune.label.shards import judged_table, run_shards
-from memprune.llm.prompts import escape, listwise_messages, load_template
+from memprune.llm.prompts import escape, listwise_messages
+from memprune.llm.tasks import load_template
 from memprune.markdown import fmt
 from memprune.runtime import ensure_ray
 from memprune.work import WorkDir

@@ -11,7 +11,7 @@ for what still fails. See docs/llm.md.
 
 from __future__ import annotations
 
-from memprune.llm.config import DEFAULT_MAX_TOKENS, LLMConfig, Sampling
+from memprune.llm.config import LLMConfig, Sampling
 from memprune.llm.engines import LLMError
 from memprune.llm.parsing import (
     JUDGE_SCHEMA,
@@ -25,11 +25,11 @@ from memprune.llm.parsing import (
     parse_reply,
     parse_summary,
 )
-from memprune.llm.prompts import PromptError, load_template
+from memprune.llm.prompts import PromptError
 from memprune.llm.run import outcome_summary, output_fields, run_llm
+from memprune.llm.tasks import TASKS, TaskSpec, load_template
 
 __all__ = [
-    "DEFAULT_MAX_TOKENS",
     "JUDGE_SCHEMA",
     "LLMConfig",
     "LLMError",
@@ -37,6 +37,8 @@ __all__ = [
     "PromptError",
     "QA_JUDGE_SCHEMA",
     "SUMMARY_SCHEMA",
+    "TASKS",
+    "TaskSpec",
     "VERDICTS",
     "Sampling",
     "load_template",

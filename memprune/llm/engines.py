@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from memprune.llm.config import LLMConfig
+from memprune.llm.kinds import plug
 from memprune.llm.rows import (  # noqa: F401  (LLMError, sampling_for, normalize_engine_output: the engines' API too)
     LLMError,
     chat_tokenizer,
@@ -336,12 +337,15 @@ def generate_hf(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: i
     return run(ds, config, task, attempt, replicas)
 
 
-ENGINES = {"vllm": generate_vllm, "http": generate_http, "hf": generate_hf}
+plug("vllm", generate=generate_vllm)
+plug("http", generate=generate_http)
+plug("hf", generate=generate_hf)
 
 
 def full_replicas(config: LLMConfig) -> int:
-    """Engine replicas of a full pass (vllm: one per GPU by default; others: `concurrency` or 1)."""
-    return vllm_replicas(config) if config.engine == "vllm" else (config.concurrency or 1)
+    """Engine replicas of a full pass (one per GPU by default where the engine runs so: vllm; else `concurrency` or
+    1)."""
+    return vllm_replicas(config) if config.kind.per_gpu else (config.concurrency or 1)
 
 
 def wait_for_replicas(ds: Any, config: LLMConfig, replicas: int) -> None:
@@ -362,4 +366,4 @@ def generate(ds: Any, config: LLMConfig, task: str, attempt: int, replicas: int 
     """Run one attempt of every row of `ds` through the configured engine (`replicas` caps the pool)."""
     n = replicas if replicas is not None else full_replicas(config)
     wait_for_replicas(ds, config, n)
-    return ENGINES[config.engine](ds, config, task, attempt, n)
+    return config.kind.generate(ds, config, task, attempt, n)

@@ -22,6 +22,7 @@ from typing import Any
 
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.engines import HttpRequest, VLLMRequest, http_postprocess
+from memprune.llm.kinds import plug
 from memprune.llm.rows import OUT_COLUMNS, LLMError, mp_columns, sampling_for, short
 from memprune.llm.run import finish_rows, prepare_rows, settle_rows
 
@@ -123,14 +124,15 @@ def _http(config: LLMConfig) -> Generate:
     return generate
 
 
-LOCAL_ENGINES: dict[str, Callable[[LLMConfig], Generate]] = {"hf": _hf, "vllm": _vllm, "http": _http}
+for _name, _local in (("hf", _hf), ("vllm", _vllm), ("http", _http)):
+    plug(_name, local=_local)
 
 
 @lru_cache(maxsize=2)
 def _cached(config_json: str) -> Generate:
     config = LLMConfig.model_validate_json(config_json)
     config.check_model()
-    return LOCAL_ENGINES[config.engine](config)
+    return config.kind.local(config)
 
 
 def local_engine(config: LLMConfig) -> Generate:

@@ -28,8 +28,10 @@ import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig
 from memprune.llm.engines import full_replicas, require_vllm, vllm_processor_config, wait_for_replicas
+from memprune.llm.kinds import ENGINE_KINDS, plug
+from memprune.llm.prompts import PromptError, reply_messages
 from memprune.llm.rows import LLMError, chat_tokenizer, map_kwargs, ray_data_llm, short
-from memprune.llm.prompts import PromptError, load_template, reply_messages
+from memprune.llm.tasks import load_template
 
 INPUTS = ("context", "target", "target_speaker", "memory")
 OUTPUT_FIELDS = [pa.field("loglik", pa.float64()), pa.field("n_target", pa.int64()),
@@ -226,22 +228,31 @@ def _finish(batch: pa.Table) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-def _engine(ds: Any, config: LLMConfig, replicas: int) -> Any:
-    """Send tokenized state rows through the configured engine; returns `_SCORED` rows."""
+def _vllm(ds: Any, config: LLMConfig, replicas: int) -> Any:
+    require_vllm()
+    # our own token ids: no chat-template, tokenize or detokenize stages
+    processor = ray_data_llm().build_processor(
+        vllm_processor_config(config, replicas, stages=False), preprocess=VLLMLoglikRequest(),
+        postprocess=vllm_loglik_postprocess, preprocess_map_kwargs=map_kwargs(config) or None,
+        postprocess_map_kwargs=map_kwargs(config) or None)
+    return processor(ds).map_batches(_scored, batch_format="pyarrow", **map_kwargs(config))
 
-    wait_for_replicas(ds, config, replicas)
-    if config.engine == "vllm":
-        require_vllm()
-        # our own token ids: no chat-template, tokenize or detokenize stages
-        processor = ray_data_llm().build_processor(
-            vllm_processor_config(config, replicas, stages=False), preprocess=VLLMLoglikRequest(),
-            postprocess=vllm_loglik_postprocess, preprocess_map_kwargs=map_kwargs(config) or None,
-            postprocess_map_kwargs=map_kwargs(config) or None)
-        return processor(ds).map_batches(_scored, batch_format="pyarrow", **map_kwargs(config))
+
+def _hf(ds: Any, config: LLMConfig, replicas: int) -> Any:
     from memprune.llm.hf_engine import hf_actor_kwargs, hf_pool_kwargs
 
     return ds.map_batches(LoglikScorer, fn_constructor_kwargs=hf_actor_kwargs(config),
                           **hf_pool_kwargs(config, replicas))
+
+
+plug("vllm", loglik=_vllm)
+plug("hf", loglik=_hf)
+
+
+def _engine(ds: Any, config: LLMConfig, replicas: int) -> Any:
+    """Send tokenized state rows through the configured engine; returns `_SCORED` rows."""
+    wait_for_replicas(ds, config, replicas)
+    return config.kind.loglik(ds, config, replicas)
 
 
 def run_loglik(ds: Any, config: LLMConfig, replicas: int | None = None) -> Any:
@@ -251,8 +262,9 @@ def run_loglik(ds: Any, config: LLMConfig, replicas: int | None = None) -> Any:
     Input rows hold `context` (list of {speaker, text}), `target`, `target_speaker` and `memory`
     (a list of notes; empty for the no-memory baseline). Row order may change. Engines: `hf`, `vllm`.
     """
-    if config.engine not in ("hf", "vllm"):
-        raise LLMError(f"the likelihood judge needs prompt log-probabilities: engine hf or vllm, not {config.engine!r}")
+    if not config.kind.log_probs or config.kind.loglik is None:
+        able = " or ".join(sorted(n for n, k in ENGINE_KINDS.items() if k.log_probs))
+        raise LLMError(f"the likelihood judge needs prompt log-probabilities: engine {able}, not {config.engine!r}")
     load_template(config.likelihood_prompt, "loglik")  # fail fast on a bad template
     names = list(ds.schema().names)
     missing = [c for c in ("context", "target", "target_speaker") if c not in names]

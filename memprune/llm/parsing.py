@@ -57,9 +57,6 @@ UPDATE_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-# JSON schema per task; a task without one (reply, answer: free text) is never constrained.
-SCHEMAS: dict[str, dict[str, Any]] = {"judge": JUDGE_SCHEMA, "summarize": SUMMARY_SCHEMA, "qa_judge": QA_JUDGE_SCHEMA,
-                                      "update": UPDATE_SCHEMA}
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")

@@ -23,17 +23,6 @@ PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
 _SECTION = re.compile(r"^===\s*(system|user|assistant)\s*===\s*$")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
-# Placeholders each task's template must use (and may not exceed).
-TASK_PLACEHOLDERS: dict[str, frozenset[str]] = {
-    "judge": frozenset({"context", "target_speaker", "target", "bullet"}),
-    "summarize": frozenset({"speakers", "time", "turns", "max_bullets"}),
-    "reply": frozenset({"target_speaker", "context", "memory"}),
-    "answer": frozenset({"memory", "question"}),
-    "qa_judge": frozenset({"question", "gold", "answer"}),
-    "listwise": frozenset({"context", "target_speaker", "target", "bullets"}),
-    "loglik": frozenset({"target_speaker", "context", "memory"}),  # a reply template: the target is scored
-    "update": frozenset({"earlier", "later"}),
-}
 NO_MEMORY = "(no memory notes)"
 
 
@@ -82,20 +71,18 @@ def parse_template(text: str, name: str, path: str) -> PromptTemplate:
 
 
 @lru_cache(maxsize=32)
-def load_template(name_or_path: str, task: str | None = None) -> PromptTemplate:
-    """Load a template by name (`judge_v1` -> memprune/prompts/judge_v1.txt) or path; check its placeholders."""
+def read_template(name_or_path: str, placeholders: frozenset[str] | None = None, what: str = "a") -> PromptTemplate:
+    """Load a template by name (`judge_v1` -> memprune/prompts/judge_v1.txt) or path; with `placeholders`, check it
+    uses exactly those (`memprune.llm.tasks.load_template` gives a task's)."""
     candidate = Path(name_or_path).expanduser()
     path = candidate if candidate.suffix and candidate.exists() else PROMPTS_DIR / f"{name_or_path}.txt"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in PROMPTS_DIR.glob("*.txt")))
         raise PromptError(f"prompt template {name_or_path!r} not found (not a file; known names: {known})")
     template = parse_template(path.read_text(encoding="utf-8"), path.stem, str(path))
-    if task is not None:
-        expected = TASK_PLACEHOLDERS[task]
-        if template.placeholders != expected:
-            raise PromptError(
-                f"{path}: a {task} template must use exactly the placeholders {sorted(expected)}; "
-                f"it uses {sorted(template.placeholders)}")
+    if placeholders is not None and template.placeholders != placeholders:
+        raise PromptError(f"{path}: {what} template must use exactly the placeholders {sorted(placeholders)}; "
+                          f"it uses {sorted(template.placeholders)}")
     return template
 
 

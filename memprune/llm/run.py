@@ -25,76 +25,15 @@ import pyarrow.compute as pc
 
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.engines import LLMError, full_replicas, generate
-from memprune.llm.lists import listwise_schema, parse_listwise
-from memprune.llm.parsing import (
-    SCHEMAS,
-    parse_answer,
-    parse_judge,
-    parse_qa_judge,
-    parse_reply,
-    parse_summary,
-    parse_update,
-)
-from memprune.llm.prompts import (
-    PromptError,
-    answer_messages,
-    judge_messages,
-    listwise_messages,
-    load_template,
-    qa_judge_messages,
-    reply_messages,
-    summarize_messages,
-    turn_labels,
-    update_messages,
-)
+from memprune.llm.prompts import PromptError
+from memprune.llm.tasks import load_template, task_spec
 
 # An optional input column of any task: per-row sampling overrides as a JSON object with the keys
 # `seed_offset` (added to every attempt's seed: independent samples of one prompt), `temperature`
 # (of the first attempt) and `max_tokens` (e.g. sized to a list's length). Dropped from the output.
 SAMPLING_COLUMN = "llm_sampling"
-
-# Columns a task reads to build its prompt; they are not passed through unless keep_inputs=True.
-TASK_INPUTS: dict[str, tuple[str, ...]] = {
-    "judge": ("bullet", "context", "target", "target_speaker"),
-    "summarize": ("turns",),
-    "reply": ("context", "memory", "target_speaker"),
-    "answer": ("memory", "question"),
-    "qa_judge": ("question", "gold", "prediction"),
-    "listwise": ("bullets", "context", "target", "target_speaker"),
-    "update": ("earlier", "later"),
-}
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "judge": ("bullet", "context", "target"),
-    "summarize": ("conversation_id", "session_index", "turns"),
-    "reply": ("context", "target_speaker"),
-    "answer": ("question",),
-    "qa_judge": ("question", "gold", "prediction"),
-    "listwise": ("bullets", "context", "target"),
-    "update": ("earlier", "later"),
-}
-# Tasks whose parsed value is one scalar (a score, a text, a verdict), stored as it is.
-SCALAR_TASKS = ("judge", "reply", "answer", "qa_judge", "listwise", "update")  # listwise: a list; update: a bool
 COMMON_OUT = ("raw", "error", "attempts", "tokens_in", "tokens_out")
 
-BULLET_TYPE = pa.struct([
-    pa.field("speaker", pa.string()),
-    pa.field("text", pa.string()),
-    pa.field("evidence", pa.list_(pa.string())),
-])
-OUTPUT_FIELDS: dict[str, list[pa.Field]] = {
-    "judge": [pa.field("score", pa.float64())],
-    "summarize": [
-        pa.field("bullets", pa.list_(BULLET_TYPE)),
-        pa.field("evidence_dropped", pa.int64()),
-        pa.field("bullets_dropped", pa.int64()),
-        pa.field("parse", pa.string()),
-    ],
-    "reply": [pa.field("reply", pa.string()), pa.field("parse", pa.string())],
-    "answer": [pa.field("prediction", pa.string()), pa.field("parse", pa.string())],
-    "qa_judge": [pa.field("verdict", pa.string()), pa.field("parse", pa.string())],
-    "listwise": [pa.field("scores", pa.list_(pa.float64())), pa.field("parse", pa.string())],
-    "update": [pa.field("update", pa.bool_()), pa.field("parse", pa.string())],
-}
 COMMON_FIELDS = [
     pa.field("raw", pa.string()),
     pa.field("error", pa.string()),
@@ -112,13 +51,13 @@ STATE_TYPES = {
 
 def output_fields(task: Task) -> list[pa.Field]:
     """The columns `run_llm` adds for `task`, with their Arrow types."""
-    return OUTPUT_FIELDS[task] + COMMON_FIELDS
+    return list(task_spec(task).outputs) + COMMON_FIELDS
 
 
 def check_columns(names: Iterable[str], task: Task) -> None:
     """Raise ValueError when required input columns are missing or a column name is reserved."""
     names = list(names)
-    missing = [c for c in REQUIRED[task] if c not in names]
+    missing = [c for c in task_spec(task).required if c not in names]
     if missing:
         raise ValueError(f"run_llm(task={task!r}): input is missing column(s) {missing}; it has {names}")
     reserved = [c for c in names if c.startswith("_mp_")]
@@ -133,14 +72,15 @@ def check_columns(names: Iterable[str], task: Task) -> None:
 
 def _dropped(task: Task, keep_inputs: bool) -> set[str]:
     """Input columns that do not come back: the prompt inputs (unless `keep_inputs`) and the sampling overrides."""
-    return (set() if keep_inputs else set(TASK_INPUTS[task])) | {SAMPLING_COLUMN}
+    return (set() if keep_inputs else set(task_spec(task).inputs)) | {SAMPLING_COLUMN}
 
 
 def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep_inputs: bool = False
                  ) -> list[dict[str, Any]]:
     """Input rows -> state rows: pickled passthrough, chat messages, schema; bad inputs are finished errors."""
+    spec = task_spec(task)
     template = load_template(config.prompt_name(task), task)
-    schema = json.dumps(SCHEMAS[task]) if config.structured_output and task in SCHEMAS else None
+    schema = json.dumps(spec.schema) if config.structured_output and spec.schema is not None else None
     drop = _dropped(task, keep_inputs)
     out = []
     for row in rows:
@@ -152,30 +92,7 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
             "_mp_sampling": row.get(SAMPLING_COLUMN),
         }
         try:
-            if task == "judge":
-                messages = judge_messages(row, template)
-            elif task == "listwise":
-                messages = listwise_messages(row, template)
-                k = len(row["bullets"])
-                state["_mp_labels"] = json.dumps(k)
-                if config.structured_output:
-                    state["_mp_schema"] = json.dumps(listwise_schema(k))
-            elif task == "reply":
-                messages = reply_messages(row, template)
-                state["_mp_speakers"] = json.dumps({"target": str(row["target_speaker"]), "speakers": sorted(
-                    {str(t.get("speaker")) for t in row.get("context") or [] if t.get("speaker") is not None})})
-            elif task == "answer":
-                messages = answer_messages(row, template)
-            elif task == "qa_judge":
-                messages = qa_judge_messages(row, template)
-            elif task == "update":
-                messages = update_messages(row, template)
-            else:
-                messages = summarize_messages(row, template, config.max_bullets)
-                state["_mp_labels"] = json.dumps(turn_labels(row["turns"]))
-                state["_mp_speakers"] = json.dumps(sorted({str(t["speaker"]) for t in row["turns"]}
-                                                          | {str(s) for s in row.get("speakers") or []}))
-            state["_mp_messages"] = json.dumps(messages, ensure_ascii=False)
+            state["_mp_messages"] = json.dumps(spec.build(row, template, config, state), ensure_ascii=False)
         except (PromptError, KeyError, TypeError) as exc:
             state["_mp_error"] = f"input: {exc}"
             state["_mp_done"] = True
@@ -183,27 +100,9 @@ def prepare_rows(rows: list[dict[str, Any]], config: LLMConfig, task: Task, keep
     return out
 
 
-def _parse(task: Task, text: str | None, state: dict[str, Any]) -> Any:
-    if task == "judge":
-        return parse_judge(text)
-    if task == "listwise":
-        return parse_listwise(text, int(json.loads(state["_mp_labels"])))
-    if task == "reply":
-        who = json.loads(state["_mp_speakers"] or "{}")
-        return parse_reply(text, who.get("target"), who.get("speakers"))
-    if task == "answer":
-        return parse_answer(text)
-    if task == "qa_judge":
-        return parse_qa_judge(text)
-    if task == "update":
-        return parse_update(text)
-    labels = json.loads(state["_mp_labels"] or "{}")
-    speakers = set(json.loads(state["_mp_speakers"] or "[]"))
-    return parse_summary(text, labels, speakers)
-
-
 def settle_rows(rows: list[dict[str, Any]], task: Task, attempt: int, final: bool) -> list[dict[str, Any]]:
     """Engine output rows -> state rows: count the attempt and tokens, parse, finish or leave pending."""
+    spec = task_spec(task)
     out = []
     for row in rows:
         state = {k: row.get(k) for k in STATE_TYPES}
@@ -217,14 +116,11 @@ def settle_rows(rows: list[dict[str, Any]], task: Task, attempt: int, final: boo
         reason = row.get("_mp_engine_error")
         parsed = None
         if not reason:
-            parsed = _parse(task, text, state)
+            parsed = spec.parse(text, state)
             reason = parsed.error
         if parsed is not None and parsed.ok:
-            if task in SCALAR_TASKS:
-                result: Any = parsed.value
-            else:
-                result = {"bullets": [b.as_dict() for b in parsed.value], **parsed.notes}
-            state.update(_mp_result=json.dumps(result), _mp_method=parsed.method, _mp_error=None, _mp_done=True)
+            state.update(_mp_result=json.dumps(spec.result(parsed)), _mp_method=parsed.method, _mp_error=None,
+                         _mp_done=True)
         else:
             state["_mp_error"] = f"{reason} [attempt {state['_mp_attempts']}]"
             state["_mp_done"] = final
@@ -234,26 +130,15 @@ def settle_rows(rows: list[dict[str, Any]], task: Task, attempt: int, final: boo
 
 def finish_rows(rows: list[dict[str, Any]], task: Task) -> list[dict[str, Any]]:
     """State rows -> output rows: passthrough columns back, plus the task's output columns."""
+    spec = task_spec(task)
+    parse = any(f.name == "parse" for f in spec.outputs)
     out = []
     for row in rows:
         result = json.loads(row["_mp_result"]) if row.get("_mp_result") else None
         ok = result is not None
         item = pickle.loads(row["_mp_pass"])
-        if task == "judge":
-            item["score"] = float(result) if ok else None
-        elif task in ("reply", "answer", "qa_judge"):
-            item[OUTPUT_FIELDS[task][0].name] = str(result) if ok else None
-            item["parse"] = row.get("_mp_method") if ok else None
-        elif task == "update":
-            item["update"] = bool(result) if ok else None
-            item["parse"] = row.get("_mp_method") if ok else None
-        elif task == "listwise":
-            item["scores"] = [float(v) for v in result] if ok else None
-            item["parse"] = row.get("_mp_method") if ok else None
-        else:
-            item["bullets"] = result["bullets"] if ok else None
-            item["evidence_dropped"] = int(result.get("evidence_dropped", 0)) if ok else None
-            item["bullets_dropped"] = int(result.get("bullets_dropped", 0)) if ok else None
+        spec.finish(item, result)
+        if parse:
             item["parse"] = row.get("_mp_method") if ok else None
         error = None if ok else (row.get("_mp_error") or "no result")
         if error and int(row.get("_mp_attempts") or 0) > 0 and not error.startswith("input:"):
@@ -351,8 +236,8 @@ def run_llm(ds: Any, config: LLMConfig, task: Task, keep_inputs: bool = False) -
     overrides the sampling of that row (`memprune.llm.rows.row_sampling`).
     Row order may change. The prompt input columns are dropped unless `keep_inputs`.
     """
-    if task not in TASK_INPUTS:
-        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_INPUTS)}")
+    if not task_spec(task).generates:
+        raise ValueError(f"task {task!r} scores given text (memprune.llm.loglik), it generates nothing")
     load_template(config.prompt_name(task), task)  # fail fast on a bad template
     config.check_model()  # and on a model that is not there, before an engine starts
     names, passthrough = _passthrough_schema(ds, task, keep_inputs)

@@ -26,7 +26,8 @@ from tqdm import tqdm
 
 from memprune.encoders import model_label
 from memprune.llm.config import LLMConfig
-from memprune.llm.run import TASK_INPUTS, prepare_rows
+from memprune.llm.run import prepare_rows
+from memprune.llm.tasks import task_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 BATCH = 256
@@ -87,7 +88,7 @@ class PromptTokens:
     def prompts(self, rows: pa.Table, task: str, progress: bool = False) -> list[int]:
         """Tokens of the prompt `run_llm(task=task)` sends for every row, in row order; a row whose inputs make
         no prompt (an input error row of `run_llm`, never sent) counts 0."""
-        inputs = rows.select([c for c in TASK_INPUTS[task] if c in rows.column_names]).to_pylist()
+        inputs = rows.select([c for c in task_spec(task).inputs if c in rows.column_names]).to_pylist()
         counts: list[int] = []
         with tqdm(total=len(inputs), desc=f"{task} prompt tokens", unit="prompt", disable=not progress) as bar:
             for start in range(0, len(inputs), BATCH):

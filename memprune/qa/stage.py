@@ -33,7 +33,7 @@ from memprune.encoders import SentenceEncoder, resolve_encoder
 from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import run_llm_chunks
-from memprune.llm.prompts import load_template
+from memprune.llm.tasks import load_template
 from memprune.llm.tokens import PromptTokens
 from memprune.memory.conditions import bullets_by_session
 from memprune.memory.cost import cost_table

@@ -56,7 +56,7 @@ def decide_group(store: Store, group: str, pruner: TablePruner) -> pa.Table:
     if rule is not None and rule.pin_field is not None:
         raise StoreError(f"rule.pin_field {rule.pin_field}: a store's pins are a column (Mem0: a metadata key) in its "
                          f"map: map pin={rule.pin_field}; nothing was changed")
-    table = group_table(store, group, times=rule is None or rule.retention.on or rule.supersede.on)
+    table = group_table(store, group, times=rule is None or rule.needs_times)
     if table.num_rows == 0:
         return table
     return pruner.prune_table(table, group_by="conversation", pin_field=PIN if "pin" in store.fields else None)

@@ -137,7 +137,7 @@ def _job(store: Store, config: StorePruneConfig | ScoreConfig, out: Location,
     work = out / WORK / "store"
     rule = getattr(config, "rule", None)
     exp = export(store, work / "export", config.io_cpus,
-                 check_times=rule is not None and (rule.retention.on or rule.supersede.on))
+                 check_times=rule is not None and rule.needs_times)
     job = prune.run(config.bullets_config(input=str(exp.bullets), out=str(work / "prune"), **fields))
     return exp, job, prune.read_pruned(str(work / "prune"))
 
