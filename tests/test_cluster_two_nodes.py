@@ -224,14 +224,14 @@ def test_prune_on_s3_killed_mid_write_leaves_nothing_a_reader_accepts_and_the_re
 def test_train_with_a_local_out_the_worker_node_cannot_see_is_one_line_before_training(two_nodes, tmp_path: Path):
     """The failure users met (a stage-2 Ray Train worker on another node could not read the stage-1 head) is now
     refused up front, naming the path and the node."""
-    from test_train import _labels_for
+    from helpers import labels_for
 
     from memprune.io import write_table
     from memprune.synth import generate
 
     address, *_ = two_nodes
     generate(conversations=6, sessions=3, out=tmp_path / "data", seed=1)
-    write_table(_labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")), tmp_path / "labels" /
+    write_table(labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")), tmp_path / "labels" /
                 "labels.parquet", "labels")
     proc = subprocess.run([str(BIN / "memprune"), "train", "--data", str(tmp_path / "data"), "--labels",
                            str(tmp_path / "labels"), "--out", str(tmp_path / "run"), "--seeds", "0", "--no-eval",
@@ -335,9 +335,9 @@ def test_tune_on_s3_runs_its_trials_workers_on_the_node_without_the_drivers_disk
     bucket, and the search is committed there with the files and results of the same search run locally. A second
     job whose driver has another working copy (another node's, as far as it knows) reuses the committed trials."""
     import yaml
-    from test_object_storage_steps import _committed, _remote_files
-    from test_train import _labels_for
-    from test_tune import _config
+    from helpers import committed, remote_files
+    from helpers import labels_for
+    from helpers import tune_config
 
     from memprune.io import write_table
     from memprune.synth import generate
@@ -345,18 +345,18 @@ def test_tune_on_s3_runs_its_trials_workers_on_the_node_without_the_drivers_disk
 
     worker, private, jobs = two_nodes[1:]
     generate(conversations=12, sessions=3, out=tmp_path / "data", seed=3)
-    write_table(_labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")),
+    write_table(labels_for(pq.read_table(tmp_path / "data" / "bullets.parquet")),
                 tmp_path / "labels" / "labels.parquet", "labels")
     # the stage-2 search alone, one epoch per stage: what the URI adds is the same for both stages' trials
     small = {"stage1_trials": 0, "stage2_trials": 1, "points": [], "max_concurrent": 1, "train": {
         "stage1": {"epochs": 1, "lr": 3e-3, "batch_size": 32, "patience": 1},
         "stage2": {"epochs": 1, "lr": 3e-3, "batch_size": 32, "patience": 1, "lora": {"r": 2, "alpha": 4, "dropout": 0.0}}}}
-    local = tune(_config(tmp_path / "data", tmp_path / "labels", tmp_path / "local", **small))  # in this process
+    local = tune(tune_config(tmp_path / "data", tmp_path / "labels", tmp_path / "local", **small))  # in this process
 
     data, labels = upload(tmp_path / "data", f"{bucket}/data"), upload(tmp_path / "labels", f"{bucket}/labels")
     out = f"{bucket}/tune"
     key, value = WORKER_LABEL.split("=")
-    remote_cfg = _config(data, labels, out, tuned_config=tmp_path / "tuned.yaml", **small).model_dump(
+    remote_cfg = tune_config(data, labels, out, tuned_config=tmp_path / "tuned.yaml", **small).model_dump(
         mode="json", exclude_unset=True)
     remote_cfg["train"]["ray"]["label_selector"] = {key: value}  # every Ray Train worker on the worker node
     config = tmp_path / "tune.yaml"
@@ -368,8 +368,8 @@ def test_tune_on_s3_runs_its_trials_workers_on_the_node_without_the_drivers_disk
         committed = json.loads((location(out) / "tune.json").read_text())
         if node == "head-a":
             first = committed
-            _committed(out, "tune")
-            assert {f.split("/", 1)[0] for f in _remote_files(out)} == {"ray"} | {
+            committed(out, "tune")
+            assert {f.split("/", 1)[0] for f in remote_files(out)} == {"ray"} | {
                 p.name for p in (tmp_path / "local").iterdir() if not p.name.startswith(".")
                 and p.name not in ("cache", "ray-tune")}
             assert [r["metric"] for r in committed["stage2_trials"]] == pytest.approx(

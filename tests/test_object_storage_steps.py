@@ -13,12 +13,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from conftest import upload
+from helpers import committed, remote_files, summary_reply, summary_sessions
 from test_dialogue import corpus_and_store  # noqa: F401  (fixture: a synthetic corpus and its pruned store)
 from test_qa_eval import locomo, store  # noqa: F401  (fixtures: the LoCoMo fixture ingested, its pruned store)
 from tiny_llm import TinyOpenAIServer
 from typer.testing import CliRunner
 
-from memprune.io import MARKER
 from memprune.storage import Location, location
 
 
@@ -28,21 +28,10 @@ def _cli(*args: str) -> Any:
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def _committed(uri: str, step: str) -> dict[str, Any]:
-    """The output set's marker at `uri`, checked to be a finished set of `step`."""
-    info = json.loads((location(uri) / MARKER).read_text())
-    assert info["state"] == "done" and info["step"] == step, info
-    return info
-
-
 def _local_files(root: Path) -> set[str]:
     """The files of a local output directory, without the hidden ones (marker, `.work/`)."""
     return {str(p.relative_to(root)) for p in root.rglob("*")
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
-
-
-def _remote_files(uri: str) -> set[str]:
-    return {n for n in location(uri).files() if not n.startswith(".")}
 
 
 def _table(where: Path | Location) -> list[dict[str, Any]]:
@@ -53,10 +42,8 @@ def _table(where: Path | Location) -> list[dict[str, Any]]:
 
 def _reply(body: dict) -> str:
     """The summarize replies of tests/test_summarize.py; one fixed answer to every other prompt (qa, dialogue)."""
-    from test_summarize import _reply as summarize_reply
-
     if "adopted a" in body["messages"][-1]["content"]:
-        return summarize_reply(body)
+        return summary_reply(body)
     return "Alice went hiking in May."
 
 
@@ -74,11 +61,9 @@ def _llm_yaml(path: Path, server: TinyOpenAIServer) -> Path:
 
 def test_summarize_reads_sessions_from_s3_commits_there_as_locally_and_resumes_on_another_node(
         ray_local, server, bucket: str, tmp_path: Path, monkeypatch) -> None:
-    from test_summarize import _sessions
-
     from memprune.io import write_table
 
-    write_table(_sessions(), tmp_path / "data" / "sessions.parquet", "sessions")
+    write_table(summary_sessions(), tmp_path / "data" / "sessions.parquet", "sessions")
     args = ["--llm-config", _llm_yaml(tmp_path / "llm.yaml", server), "--chunk-sessions", "2"]
     res = _cli("summarize", "--data", tmp_path / "data", "--out", tmp_path / "local", *args)
     assert res.exit_code == 0, res.output
@@ -88,7 +73,7 @@ def test_summarize_reads_sessions_from_s3_commits_there_as_locally_and_resumes_o
     assert res.exit_code == 0, res.output
     assert f"-> {out}" in " ".join(res.output.split())
     root, local = location(out), tmp_path / "local"
-    assert set(_committed(out, "summarize")["files"]) == _remote_files(out) == _local_files(local)
+    assert set(committed(out, "summarize")["files"]) == remote_files(out) == _local_files(local)
     for name in ("bullets.parquet", "summaries.parquet", "sessions.parquet"):
         assert (root / name).read_bytes() == (local / name).read_bytes(), name
     rejects = [json.loads(line) for line in (root / "rejects.jsonl").read_text().splitlines()]
@@ -121,7 +106,7 @@ def _locally_and_on_s3(step: str, data: Path, pruned: Path, bucket: str, tmp_pat
     uris = upload(data, f"{bucket}/data"), upload(pruned, f"{bucket}/pruned"), out
     res = _cli(step, "--data", uris[0], "--pruned", uris[1], "--out", out, *args)
     assert res.exit_code == 0, res.output
-    assert set(_committed(out, step)["files"]) == _remote_files(out) == _local_files(tmp_path / "local")
+    assert set(committed(out, step)["files"]) == remote_files(out) == _local_files(tmp_path / "local")
     return location(out), tmp_path / "local", uris
 
 
@@ -161,7 +146,7 @@ def test_label_plan_on_s3_is_its_own_output_set_and_a_label_run_elsewhere_is_una
     data, plan = upload(msc_small, f"{bucket}/data"), f"{bucket}/plan"
     res = _cli("label", "--data", data, "--out", plan, *args)
     assert res.exit_code == 0, res.output
-    assert set(_committed(plan, "label-plan")["files"]) == _remote_files(plan) == {"plan.json", "plan.md"}
+    assert set(committed(plan, "label-plan")["files"]) == remote_files(plan) == {"plan.json", "plan.md"}
     assert _local_files(tmp_path / "plan") == {"plan.json", "plan.md"}
     got = json.loads((location(plan) / "plan.json").read_text())
     want = json.loads((tmp_path / "plan" / "plan.json").read_text())
@@ -172,9 +157,9 @@ def test_label_plan_on_s3_is_its_own_output_set_and_a_label_run_elsewhere_is_una
     labels = f"{bucket}/labels"
     res = _cli("label", "--data", data, "--out", labels, "--shard-size", "48", "--no-progress")
     assert res.exit_code == 0, res.output
-    assert {"labels.parquet", "label.json"} <= set(_committed(labels, "label")["files"])
-    assert not {"plan.json", "plan.md"} & _remote_files(labels)
-    assert set(_committed(plan, "label-plan")["files"]) == _remote_files(plan) == {"plan.json", "plan.md"}
+    assert {"labels.parquet", "label.json"} <= set(committed(labels, "label")["files"])
+    assert not {"plan.json", "plan.md"} & remote_files(labels)
+    assert set(committed(plan, "label-plan")["files"]) == remote_files(plan) == {"plan.json", "plan.md"}
 
 
 def test_uris_these_steps_cannot_use_are_one_line_and_nothing_is_written(bucket: str, msc_small: Path,
@@ -204,4 +189,4 @@ def test_uris_these_steps_cannot_use_are_one_line_and_nothing_is_written(bucket:
         text = " ".join(res.output.split())
         assert res.exit_code == 2 and message in text and text.count("error:") == 1, (args, res.output)
         assert "Traceback" not in res.output, res.output
-    assert _remote_files(bucket) == {f"data/{n}" for n in _remote_files(data)} | {"theirs/notes.txt"}
+    assert remote_files(bucket) == {f"data/{n}" for n in remote_files(data)} | {"theirs/notes.txt"}

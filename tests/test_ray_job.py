@@ -138,7 +138,7 @@ def finish(address: str, job_id: str, timeout: float = 480, token: str | None = 
 def test_jobs_submitted_to_a_real_cluster(ray_head, scorer_dir: Path, tmp_path: Path) -> None:
     """jobs/label.py, jobs/train.py and jobs/prune.py submitted at once, as users queue jobs on a cluster, on one
     real cluster (jobs/pipeline.py goes through `ray job submit` in tests/test_cluster_two_nodes.py)."""
-    from test_train import _labels_for
+    from helpers import labels_for
 
     from memprune.io import write_table
     from memprune.synth import generate
@@ -146,7 +146,7 @@ def test_jobs_submitted_to_a_real_cluster(ray_head, scorer_dir: Path, tmp_path: 
     address, env = ray_head
     data, given = tmp_path / "data", tmp_path / "given-labels"
     generate(conversations=6, sessions=3, out=data, seed=5)
-    write_table(_labels_for(pq.read_table(data / "bullets.parquet")), given / "labels.parquet", "labels")
+    write_table(labels_for(pq.read_table(data / "bullets.parquet")), given / "labels.parquet", "labels")
 
     labels, train, pruned = tmp_path / "labels", tmp_path / "train", tmp_path / "pruned"
     jobs = {

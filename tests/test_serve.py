@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import free_port
-from test_stores import USERS, _close, _get_all, _memory, _mem0_config, _points
+from helpers import USERS, mem0_close, mem0_config, mem0_get_all, mem0_memory, mem0_points
 
 from memprune.archive import read_archive, restore
 from memprune.prune import MemoryPruner, PruneRule
@@ -46,12 +46,12 @@ def service(ray_local, scorer_dir, minilm_path, tmp_path_factory):
     from memprune.serve import ServeConfig, run
 
     d = tmp_path_factory.mktemp("serve")
-    config = _mem0_config(d, minilm_path)
-    m = _memory(config)
+    config = mem0_config(d, minilm_path)
+    m = mem0_memory(config)
     for user, texts in USERS.items():
         for text in texts:
             m.add([{"role": "user", "content": text}], user_id=user, infer=False)
-    _close(m)
+    mem0_close(m)
     notes = d / "notes.csv"
     notes.write_text("mid,memory,user,created,starred\n" + "".join(",".join(r) + "\n" for r in NOTES))
     cfg = ServeConfig(scorer=str(scorer_dir), port=free_port(),
@@ -125,7 +125,7 @@ def test_200_concurrent_requests_are_all_answered_right(service, scorer_dir) -> 
 
 def test_bad_requests_are_one_line_4xx_and_change_nothing(service) -> None:
     url, config, archive = service
-    before = _points(config)
+    before = mem0_points(config)
     bad = {
         "malformed JSON": (400, 422, {"content": b'{"bullets": [', "headers": {"content-type": "application/json"}}),
         "1 MB text": (413, None, {"json": {"bullets": [{"text": "x" * 1_000_000}]}}),
@@ -150,17 +150,17 @@ def test_bad_requests_are_one_line_4xx_and_change_nothing(service) -> None:
         reply = _post(url, "/v1/prune", body, headers=headers)
         assert reply.status_code == status, (what, reply.status_code, reply.text)
         assert words in reply.json()["error"] and "\n" not in reply.json()["error"], what
-    assert _points(config) == before and not archive.exists()
+    assert mem0_points(config) == before and not archive.exists()
     assert httpx.get(url + "/healthz").json()["status"] == "ok"
 
 
 def test_prune_applies_on_mem0_and_restore_gives_the_rest_back(service, scorer_dir) -> None:
     url, config, _ = service
     rule = {"threshold": None, "top_k": 2}
-    before = _get_all(config)
+    before = mem0_get_all(config)
     dry = _post(url, "/v1/prune", {"store": "mem", "group": "alice", "rule": rule})
     assert dry.status_code == 200 and not dry.json()["applied"] and dry.json()["archive"] is None
-    assert _get_all(config) == before  # a dry run changes nothing
+    assert mem0_get_all(config) == before  # a dry run changes nothing
     reply = _post(url, "/v1/prune", {"store": "mem", "group": "alice", "rule": rule, "apply": True},
                   headers={"Authorization": f"Bearer {TOKEN}"})
     assert reply.status_code == 200, reply.text
@@ -168,13 +168,13 @@ def test_prune_applies_on_mem0_and_restore_gives_the_rest_back(service, scorer_d
     kept = {d["id"] for d in body["decisions"] if d["keep"]}
     dropped = {d["id"] for d in body["decisions"] if not d["keep"]}
     assert body["kept"] == 2 and kept | dropped == before["alice"] and dropped
-    after = _get_all(config)
+    after = mem0_get_all(config)
     assert after["alice"] == kept and {u: after[u] for u in after if u != "alice"} == \
         {u: before[u] for u in before if u != "alice"}
     archived = read_archive(body["archive"]).records
     assert set(archived.column("id").to_pylist()) == dropped
     assert restore(body["archive"])["restored"] == len(dropped)
-    assert _get_all(config) == before
+    assert mem0_get_all(config) == before
 
 
 def test_prune_of_a_mapped_table_store_is_memprune_prunes_decision(service, scorer_dir) -> None:
@@ -216,7 +216,7 @@ def test_mem0_integration_keeps_each_user_within_the_cap(service, scorer_dir, mi
     from memprune.serve.client import ServiceClient
 
     url, _, _ = service
-    config = _mem0_config(tmp_path, minilm_path)
+    config = mem0_config(tmp_path, minilm_path)
     memory = PrunedMemory.from_config(config, MemoryPruner(str(scorer_dir), threshold=None, top_k=5),
                                       tmp_path / "archive")
     added: set[str] = set()
@@ -246,7 +246,7 @@ def test_mem0_integration_keeps_each_user_within_the_cap(service, scorer_dir, mi
         assert len(memory.get_all(filters={"user_id": "bob"}, top_k=1000)["results"]) == 3
         assert json.loads((memory.archives()[-1] / "archive.json").read_text())["store"]["kind"] == "mem0"
     finally:
-        _close(memory.memory)
+        mem0_close(memory.memory)
 
 
 class _Listener:

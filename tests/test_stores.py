@@ -18,18 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from helpers import USERS, mem0_close, mem0_config, mem0_get_all, mem0_memory, mem0_points
+
 from memprune.archive import read_archive, restore
 from memprune.cli import app
 from memprune.stores import StoreError, normalize, parse_map, split_input
 
-os.environ["MEM0_TELEMETRY"] = "False"
-USERS = {
-    "alice": ["Alice has a cat named Tom.", "Alice has a cat named Tom.", "ok", "Alice works night shifts as a nurse.",
-              "lol", "Alice is training for the Berlin marathon in May."],
-    "bob": ["Bob is allergic to peanuts.", "hmm", "Bob's daughter starts school in September.",
-            "Bob's daughter starts school in September.", "yes"],
-    "carol": ["Carol moved to Lisbon last year.", "k", "Carol plays the cello in an orchestra."],
-}
 RULE = ["--threshold", "0.5", "--top-k", "2", "--set", "progress=false", "--set", "actors=1"]
 # issue 26: a pinned memory (Mem0 metadata key `pinned`) and two old ones (their own created_at)
 OLD = "2024-01-01T00:00:00+00:00"
@@ -42,58 +36,17 @@ def _cli(*args: str):
 
 
 
-def _mem0_config(d: Path, minilm_path: str) -> Path:
-    cfg = {"vector_store": {"provider": "qdrant", "config": {"collection_name": "memories", "path": str(d / "qdrant"),
-                                                              "embedding_model_dims": 384, "on_disk": True}},
-           "embedder": {"provider": "huggingface", "config": {"model": minilm_path}},
-           # never called with infer=False; set so that Mem0 builds its LLM client offline
-           "llm": {"provider": "openai", "config": {"api_key": "unused", "openai_base_url": "http://127.0.0.1:9/v1"}},
-           "history_db_path": str(d / "history.db")}
-    path = d / "mem0.json"
-    path.write_text(json.dumps(cfg))
-    return path
-
-
-def _memory(config: Path):
-    from mem0 import Memory
-
-    return Memory.from_config(json.loads(config.read_text()))
-
-
-def _close(memory) -> None:
-    memory.vector_store.client.close()
-
-
-def _get_all(config: Path) -> dict[str, set[str]]:
-    m = _memory(config)
-    try:
-        return {u: {r["id"] for r in m.get_all(filters={"user_id": u}, top_k=100)["results"]} for u in USERS}
-    finally:
-        _close(m)
-
-
-def _points(config: Path) -> dict[str, tuple[dict, list[float]]]:
-    """Every memory as Qdrant holds it: id -> (whole payload: data, hash, created_at, metadata..., vector)."""
-    m = _memory(config)
-    try:
-        vs = m.vector_store
-        points, _ = vs.client.scroll(collection_name=vs.collection_name, limit=1000, with_payload=True, with_vectors=True)
-        return {str(p.id): (dict(p.payload), [round(x, 6) for x in p.vector]) for p in points}
-    finally:
-        _close(m)
-
-
 @pytest.fixture(scope="module")
 def mem0_store(tmp_path_factory, minilm_path) -> tuple[Path, pa.Table]:
     """A real Mem0 store (3 users, duplicates and junk) and its records as a mapped export table."""
     d = tmp_path_factory.mktemp("mem0")
-    config = _mem0_config(d, minilm_path)
-    m = _memory(config)
+    config = mem0_config(d, minilm_path)
+    m = mem0_memory(config)
     for user, texts in USERS.items():
         for text in texts:
             m.add([{"role": "user", "content": text}], user_id=user, infer=False, metadata=METADATA.get(text))
     rows = [r for u in USERS for r in m.get_all(filters={"user_id": u}, top_k=100)["results"]]
-    _close(m)
+    mem0_close(m)
     export = pa.table({"memory_id": [r["id"] for r in rows], "memory": pa.array([r["memory"] for r in rows], pa.large_string()),
                        "user": [r["user_id"] for r in rows], "created_at": [r["created_at"] for r in rows]})
     return config, export
@@ -143,8 +96,8 @@ def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_s
     kept = {u: {r["id"] for r in rows if r["group"] == u and r["keep"]} for u in USERS}
     dropped = {r["id"] for r in rows if not r["keep"]}
     assert len(dropped) >= 3
-    before = _get_all(config)
-    points = _points(config)
+    before = mem0_get_all(config)
+    points = mem0_points(config)
     assert all({"data", "hash", "created_at", "user_id"} <= set(p) for p, _ in points.values())
     # 1. an apply killed (SIGKILL) after its first delete: archive written, store partly changed
     script = (
@@ -162,28 +115,28 @@ def test_mem0_apply_survives_a_kill_is_idempotent_and_restores(decisions, mem0_s
     proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "RAY_ADDRESS": ray_address})
     assert proc.returncode == -9, proc.stderr[-2000:]
-    partial = _get_all(config)
+    partial = mem0_get_all(config)
     assert sum(map(len, partial.values())) == sum(map(len, before.values())) - 1
     assert set(read_archive(out / "archive").records.column("id").to_pylist()) == dropped
     # 2. the rerun finishes the apply; Mem0's own get_all returns exactly the kept memories
     res = _cli(*args)
     assert res.exit_code == 0, res.output
-    assert _get_all(config) == kept
+    assert mem0_get_all(config) == kept
     applied = json.loads((out / "apply.json").read_text())
     assert (applied["deleted"], applied["already_deleted"]) == (len(dropped) - 1, 1)
     # 3. a second apply does nothing
     res = _cli(*args)
     assert res.exit_code == 0 and json.loads((out / "apply.json").read_text())["deleted"] == 0
-    assert _get_all(config) == kept
+    assert mem0_get_all(config) == kept
     # 4. restore puts the dropped memories back (payload, vector and id); Mem0 sees them again
     first = next(iter(dropped))
     assert restore(out / "archive", [first])["restored"] == 1
     assert restore(out / "archive")["restored"] == len(dropped) - 1
-    assert _get_all(config) == before
-    assert _points(config) == points  # whole records back: payload (hash, created_at, metadata) and vector
-    m = _memory(config)
+    assert mem0_get_all(config) == before
+    assert mem0_points(config) == points  # whole records back: payload (hash, created_at, metadata) and vector
+    m = mem0_memory(config)
     hits = m.search("Who has a cat named Tom?", filters={"user_id": "alice"}, top_k=3)["results"]
-    _close(m)
+    mem0_close(m)
     assert hits and "cat" in hits[0]["memory"]
 
 
@@ -353,7 +306,7 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
                        "--max-age", life["max_age"], "--now", life["now"], "--supersede", "slot"],
               "lance": ["--input", f"lance:{lpath}", "--map", "group=user_id,time=created_at"]}
     for kind, args in inputs.items():
-        before = _points(config) if kind == "mem0" else {r["id"]: r for r in lance.dataset(lpath).to_table().to_pylist()}
+        before = mem0_points(config) if kind == "mem0" else {r["id"]: r for r in lance.dataset(lpath).to_table().to_pylist()}
         out = tmp_path / f"flag-{kind}"
         for extra in ([], ["--apply-flag"]):
             res = _cli("prune", "--scorer", str(scorer_dir), "--out", str(out), *args, *RULE, *extra)
@@ -372,7 +325,7 @@ def test_flags_on_mem0_and_lance_set_keep_and_score_and_nothing_else(decisions, 
             by_text = {r["text"]: r for r in decision.values()}
             assert by_text["lol"]["keep"] and by_text["Bob is allergic to peanuts."]["reason"] == "expired"
             assert "Pins: column `pinned (store)`; 1 pinned" in (out / "prune.md").read_text()
-            after = {i: p for i, (p, _) in _points(config).items()}
+            after = {i: p for i, (p, _) in mem0_points(config).items()}
             assert set(after) == set(before)
             for i, payload in after.items():
                 assert payload["memprune_keep"] == decision[i]["keep"]
@@ -804,8 +757,8 @@ def test_a_live_mem0_delete_rechecks_each_memory(tmp_path, minilm_path) -> None:
     from memprune.stores.group import apply_group
     from memprune.stores.mem0_store import Mem0Store
 
-    config = _mem0_config(tmp_path, minilm_path)
-    memory = _memory(config)
+    config = mem0_config(tmp_path, minilm_path)
+    memory = mem0_memory(config)
     try:
         for text in USERS["alice"][2:] + USERS["bob"][:2]:
             memory.add([{"role": "user", "content": text}], user_id="alice" if text in USERS["alice"] else "bob",
@@ -834,7 +787,7 @@ def test_a_live_mem0_delete_rechecks_each_memory(tmp_path, minilm_path) -> None:
         assert set(r["id"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=100)["results"]) == \
             set(left) | {ids["Alice works night shifts as a nurse."]}
     finally:
-        _close(memory)
+        mem0_close(memory)
 
 
 def restore_to_store(store, archive: Path) -> int:

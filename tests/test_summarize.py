@@ -10,60 +10,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import summary_reply, summary_sessions
 from tiny_llm import TinyOpenAIServer
 from typer.testing import CliRunner
 
 from memprune.cli import app
 from memprune.io import read_table, write_table
-from memprune.schema import SESSIONS, turn_id
 from memprune.summarize import SummarizeConfig, SummarizeError, bullet_rows, summarize
 
 REPO = Path(__file__).resolve().parents[1]
-TOPICS = ["cat", "chess", "weather", "dog"]
-
-
-def _sessions() -> pa.Table:
-    rows = []
-    for c, topic in enumerate(TOPICS):
-        conv = f"conv{c}"
-        texts = [f"I adopted a {topic} last week.", "Nice! Tell me more.", f"The {topic} is great."]
-        rows.append({
-            "conversation_id": conv, "session_index": 0, "speakers": ["A", "B"], "time": None,
-            "turns": [{"turn_id": turn_id(conv, 0, i), "speaker": "AB"[i % 2], "text": t} for i, t in enumerate(texts)],
-        })
-    return pa.Table.from_pylist(rows, schema=SESSIONS)
-
-
-def _reply(body: dict) -> str:
-    """cat: valid JSON (one bogus evidence id); chess: garbage, then a Markdown list on retry;
-    weather: garbage; dog: JSON that is not a summary."""
-    user = body["messages"][-1]["content"]
-    if "adopted a cat" in user:
-        return json.dumps({"bullets": [
-            {"speaker": "A", "text": "A adopted a cat last week.", "evidence": ["T1", "T9"]},
-            {"speaker": "A", "text": "A thinks the cat is great.", "evidence": ["T3"]},
-        ]})
-    if "adopted a dog" in user:
-        return "{}"
-    if "adopted a chess" in user:
-        return "hmm" if body["seed"] == 0 else "- A adopted a chess set [T1]\n- B is curious (T2, T4)"
-    return "no idea"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llm):
-    with TinyOpenAIServer(tiny_llm, responder=_reply, idle_timeout=300) as srv:
+    with TinyOpenAIServer(tiny_llm, responder=summary_reply, idle_timeout=300) as srv:
         yield srv
 
 
 @pytest.fixture()
 def corpus(tmp_path) -> Path:
     data = tmp_path / "data"
-    write_table(_sessions(), data / "sessions.parquet", "sessions")
+    write_table(summary_sessions(), data / "sessions.parquet", "sessions")
     return data
 
 

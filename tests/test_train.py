@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import labels_for
 
 from memprune.io import write_table
 from memprune.rejects import Ledger
@@ -95,31 +96,13 @@ def test_optimizer_state_roundtrips_through_safetensors(tmp_path: Path) -> None:
 # ----------------------------------------------------------------- data
 
 
-def _labels_for(bullets: pa.Table, seed: int = 0) -> pa.Table:
-    """Pseudo labels like a judge's: durable (recurring) facts high, one-off remarks low, plus noise."""
-    rng = np.random.default_rng(seed)
-    recurs = np.asarray(bullets.column("recurs").to_pylist(), dtype=float)
-    last = np.asarray(bullets.column("session_index").to_pylist()) == max(bullets.column("session_index").to_pylist())
-    y = np.clip(0.15 + 0.6 * recurs + rng.normal(0, 0.1, len(recurs)), 0, 1)
-    keep = pa.array(~last)  # the last session has no next session: unlabelled
-    ids = bullets.column("bullet_id").filter(keep)
-    return pa.table(
-        {
-            "bullet_id": ids,
-            "label": pa.array(y[~last]),
-            "n_pairs": pa.array(np.ones(len(ids), np.int32)),
-            "aggregation": pa.array(["max"] * len(ids)),
-        }
-    )
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from memprune.synth import generate
 
     root = tmp_path_factory.mktemp("train-corpus")
     generate(conversations=14, sessions=3, out=root / "data", seed=3)
-    labels = _labels_for(pq.read_table(root / "data" / "bullets.parquet"))
+    labels = labels_for(pq.read_table(root / "data" / "bullets.parquet"))
     write_table(labels, root / "labels" / "labels.parquet", "labels")
     return root / "data", root / "labels"
 

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from test_train import _labels_for
+from helpers import labels_for, tune_config
 
 from memprune.io import write_table
 from memprune.train import TrainConfig
@@ -28,41 +28,19 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
     root = tmp_path_factory.mktemp("tune-corpus")
     generate(conversations=12, sessions=3, out=root / "data", seed=3)
-    write_table(_labels_for(pq.read_table(root / "data" / "bullets.parquet")), root / "labels" / "labels.parquet",
+    write_table(labels_for(pq.read_table(root / "data" / "bullets.parquet")), root / "labels" / "labels.parquet",
                 "labels")
     return root / "data", root / "labels"
 
 
-def _config(data: Path, labels: Path, out: Path, **extra: Any) -> TuneConfig:
-    train = {
-        "max_length": 24, "split": {"valid": 3, "test": 2}, "head": {"hidden": 16},
-        "stage1": {"epochs": 3, "lr": 3e-3, "batch_size": 32, "patience": 3},
-        "stage2": {"epochs": 2, "lr": 3e-3, "batch_size": 32, "patience": 2,
-                   "lora": {"r": 2, "alpha": 4, "dropout": 0.0}},
-        "embed": {"batch_size": 64, "actors": 1}, "ray": {"num_workers": 1, "use_gpu": False},
-    }
-    base: dict[str, Any] = {
-        "data": data, "labels": labels, "out": out, "train": train, "max_concurrent": 2,
-        "stage1_space": {"stage1.lr": [3e-3, 1e-2]}, "stage1_trials": 1,
-        "stage2_space": {"stage2.lr": [3e-3], "loss.rank_weight": [0.0, 0.5],
-                         "stage2.lora.target_modules": [["query", "value"]]}, "stage2_trials": 3,
-        # the base settings, then a ranking-loss trial (its own stage 1), then a destructive step size
-        "points": [{"loss.rank_weight": 0.5}, {"stage2.lr": 3.0}],
-        "scheduler": {"grace_period": 1, "reduction_factor": 2},
-    }
-    train.update(extra.pop("train", {}))  # a stage's settings given replace that stage's
-    base.update(extra)
-    return TuneConfig.model_validate(base)
-
-
 def test_tune_config_refuses_bad_spaces(corpus: tuple[Path, Path], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="stage2.optimizer"):
-        _config(*corpus, tmp_path, stage2_space={"stage2.optimizer": ["sgd"]})
+        tune_config(*corpus, tmp_path, stage2_space={"stage2.optimizer": ["sgd"]})
     with pytest.raises(ValueError, match="stage2.lora.r"):
-        _config(*corpus, tmp_path, stage2_space={"stage2.lora.r": [0, 4]})
+        tune_config(*corpus, tmp_path, stage2_space={"stage2.lora.r": [0, 4]})
     with pytest.raises(ValueError, match="num_workers"):
-        _config(*corpus, tmp_path, train={"ray": {"num_workers": 0}})
-    base = _config(*corpus, tmp_path).train
+        tune_config(*corpus, tmp_path, train={"ray": {"num_workers": 0}})
+    base = tune_config(*corpus, tmp_path).train
     for value in (["query", "dense"], '["query", "dense"]'):  # as given, and as Tune carries it (JSON)
         assert apply_point(base, {"stage2.lora.target_modules": value}).stage2.lora.target_modules == ["query", "dense"]
 
@@ -96,7 +74,7 @@ def _search_yaml(data: Path, labels: Path, out: Path, marker: Path, tuned: Path)
     """Both searches: two stage-1 trials, the first to reach its second epoch SIGKILLed there, and its Ray Train
     run may not retry (`ray.max_failures: 0`), so that trial fails as a trial does when a node dies; then three
     stage-2 trials: the base settings, a ranking-loss trial (its own stage 1) and a destructive step size."""
-    cfg = _config(data, labels, out, tuned_config=tuned,
+    cfg = tune_config(data, labels, out, tuned_config=tuned,
                   stage1_space={"stage1.lr": {"low": 1e-3, "high": 3e-2, "log": True}}, stage1_trials=2)
     raw = cfg.model_dump(mode="json", exclude_unset=True)
     raw["train"]["stage1"]["epochs"] = 2

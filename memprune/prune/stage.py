@@ -44,7 +44,7 @@ from memprune.prune.store import (
 )
 from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors, use_gpu
 from memprune.scorer import ScorerError, check_scorer
-from memprune.storage import canonical, location
+from memprune.storage import location
 from memprune.times import epoch_seconds, format_duration
 from memprune.timing import time_split
 from memprune.tokens import check_unit, unit_name
