@@ -125,7 +125,7 @@ def main() -> int:
 
     import ray
 
-    from memprune.runtime import ensure_ray
+    from memprune.raysession import ensure_ray
 
     base = args.llm_config or str(REPO / "configs" / "llm" / ("vllm-cpu.yaml" if args.vllm_cpu else "vllm-gpu.yaml"))
     overrides = [f"model={args.model}", *args.llm_set]

@@ -225,7 +225,7 @@ def main() -> int:
             from tiny_llm import build_tiny_llm
 
             from memprune.llm import LLMConfig
-            from memprune.runtime import ensure_ray
+            from memprune.raysession import ensure_ray
 
             ensure_ray()  # a local instance of our own, never another process's cluster
             tiny = str(build_tiny_llm(tmp / "tiny-llm"))

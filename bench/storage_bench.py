@@ -1,6 +1,6 @@
 """Benchmark the prune job's object-storage path against its local-disk path, on the same store and scorer.
 
-For each size a synthetic store (`memprune synth`) and a vanilla scorer are made (by `prune_bench`'s helpers,
+For each size a synthetic store (`memprune synth`) and a vanilla scorer are made (by `bench/common.py`'s helpers,
 kept under --out). The job then runs twice on a fresh local Ray each time: input, scorer and output on the
 local disk, then all three on S3. The S3 endpoint is `AWS_ENDPOINT_URL` when set (with the usual credentials),
 else moto's standalone server started here on a free loopback port, so the figures measure memprune's
@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prune_bench import make_scorers, make_store  # noqa: E402
+from common import make_scorers, make_store  # noqa: E402
 
 
 def _s3_endpoint(out: Path) -> tuple[str, subprocess.Popen | None]:

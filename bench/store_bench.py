@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prune_bench import PeakMemory, _env, make_scorers, make_store  # noqa: E402
+from common import PeakMemory, make_scorers, make_store, run_child  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("bullets", "table", "table-dir", "lance", "mem0")
@@ -97,8 +96,9 @@ def make_stores(n: int, out: Path, kinds: list[str]) -> dict[str, Any]:
         cfg = _mem0_config(d / "mem0")
         (d / "mem0").mkdir(exist_ok=True)
         (d / "mem0" / "mem0.json").write_text(json.dumps(cfg))
-        info["mem0_load"] = run_child("mem0_load", {"config": str(d / "mem0" / "mem0.json"),
-                                                    "export": str(d / "export.parquet"), "sample": ARGS.mem0_add_sample})
+        info["mem0_load"] = run_child(__file__, "mem0_load", {"config": str(d / "mem0" / "mem0.json"),
+                                                    "export": str(d / "export.parquet"), "sample": ARGS.mem0_add_sample},
+                                      mark=MARK)
         inputs["mem0"] = f"mem0:{d / 'mem0' / 'mem0.json'}"
     info_path.write_text(json.dumps(info, indent=2))
     return info
@@ -143,7 +143,7 @@ def child_mem0_load(a: dict[str, Any]) -> dict[str, Any]:
 
 def child_prune(a: dict[str, Any]) -> dict[str, Any]:
     """One dry-run prune of one store in this (fresh) process, with peak memory of the process tree."""
-    from memprune.runtime import ensure_ray
+    from memprune.raysession import ensure_ray
     from memprune.stores import StorePruneConfig, parse_map, run
 
     ensure_ray()
@@ -171,19 +171,6 @@ def child_prune(a: dict[str, Any]) -> dict[str, Any]:
             "peak_tree_pss_mib": round(peak / 2**20, 1)}
 
 
-def run_child(kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(args)], env=_env(), cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"{kind} failed for {args}")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if not lines:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        raise SystemExit(f"{kind}: no result line for {args}")
-    return json.loads(lines[-1][len(MARK):])
-
-
 def main() -> None:
     global ARGS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -209,8 +196,9 @@ def main() -> None:
             loads[n] = info["mem0_load"]
         for kind in ARGS.kinds:
             out = ARGS.out / f"n{n}" / f"run-{kind}"
-            r = run_child("prune", {"kind": kind, "n": n, "scorer": str(scorer), "input": info["inputs"][kind],
-                                    "map": MAP.get(kind, ""), "out": str(out), "score_rows": ARGS.score_rows})
+            r = run_child(__file__, "prune", {"kind": kind, "n": n, "scorer": str(scorer), "input": info["inputs"][kind],
+                                    "map": MAP.get(kind, ""), "out": str(out), "score_rows": ARGS.score_rows},
+                          mark=MARK)
             rows.append(r)
             print(json.dumps(r), flush=True)
     base = {r["n"]: r for r in rows if r["kind"] == "bullets"}

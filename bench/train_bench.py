@@ -67,10 +67,9 @@ def main() -> int:
     args = ap.parse_args()
 
     import pyarrow.compute as pc
-    import ray
     import torch
 
-    from memprune.runtime import init_local_ray
+    from memprune.raysession import init_local_ray
     from memprune.scorer import Scorer, ScorerConfig
     from memprune.train import TrainConfig, run_training
 

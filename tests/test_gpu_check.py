@@ -73,3 +73,28 @@ def test_a_bad_budget_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and "no section 'trian'" in lines[0] and not (tmp_path / "gpu_check.json").exists()
+
+
+@pytest.mark.parametrize("item, says", [("judge.nope=1", "no such size"), ("judge.pairs=abc", "valid integer"),
+                                        ("judge.max_num_seqs=[]", "at least 1 item"), ("train.seeds=1.5", "integer")])
+def test_a_bad_size_is_one_line_and_exit_2(tmp_path, item, says):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--out", str(tmp_path), "--set", item],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 2
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"--set {item}: ") and says in lines[0]
+    assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_every_child_kind_gets_its_sizes_back_from_its_payload(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from gpu.sections import CHILDREN, SECTIONS
+
+    assert set(SECTIONS) == {"judge", "prune", "train", "tests"} and set(SECTIONS) < set(CHILDREN)
+    for section in SECTIONS.values():
+        for sizes in (section.sizes.tiny(True), section.sizes.tiny(False), section.sizes.full()):
+            *command, payload = section.command(sizes, tmp_path)
+            assert command[-2:] == ["--child", section.name]
+            fields = json.loads(payload)
+            assert fields.pop("out") == str(tmp_path) and section.sizes.model_validate(fields) == sizes
+    assert SECTIONS["judge"].sizes.full().changed("pairs", "8000").pairs == 8000
