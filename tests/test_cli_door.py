@@ -120,3 +120,15 @@ def test_threshold_reaches_the_rule_as_a_float_validated_once(tmp_path: Path, ca
     yaml.write_text("rule: {threshold: 0.3, top_k: 2}\n")
     assert runner.invoke(app, [*base, "--config", str(yaml), "--threshold", "0.6"]).exit_code == 2
     assert (captured["cfg"].rule.policy.threshold, captured["cfg"].rule.policy.top_k) == (0.6, 2)  # the flag wins, the file stays
+
+
+def test_no_command_takes_an_option_it_would_ignore() -> None:
+    """`score` decides nothing: it has no supersession options (they were accepted and dropped); `prune`'s band help
+    gives the rule's own default."""
+    from memprune.decision.supersede import Supersede
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["score", "--scorer", "s", "--input", "i", "--out", "o", "--supersede", "slot"])
+    assert result.exit_code == 2 and "No such option" in result.output, result.output
+    help_text = " ".join(runner.invoke(app, ["prune", "--help"], terminal_width=400).output.split())
+    assert f"[default: {Supersede.model_fields['low'].default:g}:dedup threshold]" in help_text, help_text

@@ -202,6 +202,18 @@ def test_prune_of_a_mapped_table_store_is_memprune_prunes_decision(service, scor
         want[pin] = {r["bullet_id"]: (r["keep"], r["reason"], r["superseded_by"]) for r in expected.to_pylist()}
     assert got == want["pinned"]
     assert got["n1"] == (False, "superseded", "n5") and got["n6"][1] == "expired"
+    # the HTTP client decides a table as MemoryPruner does, every column of it (retention's and supersession's too)
+    from memprune.serve.client import ServiceClient
+
+    table = pa.Table.from_pylist(records)
+    local = MemoryPruner(str(scorer_dir), rule=PruneRule.of(**rule)).prune_table(table, "conversation", "pinned")
+    served = ServiceClient(url, rule=rule).prune_table(table, pin_field="pinned")
+    assert served.column_names == local.column_names and "superseded_by" in local.column_names
+    for column in local.column_names:
+        if pa.types.is_floating(local.schema.field(column).type):
+            np.testing.assert_allclose(served.column(column).to_numpy(), local.column(column).to_numpy(), atol=1e-6)
+        else:
+            assert served.column(column).equals(local.column(column)), column
     assert got["n3"][0] and not want[None]["n3"][0]  # the pin keeps what the policy drops
     # a map naming a column the store lacks, or an unknown field: one line at startup
     with pytest.raises(StoreError, match="^stores.notes: .*column 'pinned' \\(mapped to pin\\) missing"):

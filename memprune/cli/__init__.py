@@ -162,6 +162,7 @@ def label(
 ) -> None:
     """Write bullet labels: judged pairs (resumable: rerun to resume), QA evidence, or a usage log."""
     from memprune.label import LabelConfig, run
+    from memprune.label.sources.common import SOURCES
 
     cfg, summary = run_stage(LabelConfig, run, config, set_, {
         "data": data, "out": out, "judge": judge, "speaker": speaker, "context_turns": context, "horizon": horizon,
@@ -180,8 +181,8 @@ def label(
         console.print(f"plan -> {cfg.out}/plan.json, {cfg.out}/plan.md", highlight=False)
         return
     c, t = summary["counts"], summary["throughput"]
-    if summary["source"] != "judge":
-        extra = f", {c['events_rejected']} usage events rejected" if summary["source"] == "usage" else ""
+    if not SOURCES[summary["source"]].judged:
+        extra = f", {c['events_rejected']} usage events rejected" if "events_rejected" in c else ""
         console.print(f"labelled {c['bullets_labelled']}/{c['bullets']} bullets from {summary['source']} "
                       f"({summary['rule']}; {c['bullets_unlabelled']} unlabelled{extra}) -> {cfg.out}", highlight=False)
         return

@@ -17,6 +17,7 @@ from rich.markup import escape
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,  # help text is plain: its "[default: ...]" stays text, never markup
     pretty_exceptions_show_locals=False,
     help="memprune: keep the long-term memory of multi-session chatbots small and useful.",
 )
@@ -43,7 +44,8 @@ def options(ctx: typer.Context,
                                                         "on, for other machines to join it (MEMPRUNE_RAY_HOST); by default "
                                                         "127.0.0.1 only.")) -> None:
     """memprune: keep the long-term memory of multi-session chatbots small and useful."""
-    from memprune.runtime import RAY_HOST_ENV, configure_output
+    from memprune.raysession import RAY_HOST_ENV
+    from memprune.runtime import configure_output
 
     if ray_host is not None:
         try:

@@ -13,7 +13,7 @@ import typer
 from memprune.cli.common import CONFIG, SET, _top_k, app, console, fail, run_stage, user_errors
 
 
-# the supersession options `prune` and `score` share
+# the supersession options of `prune` (their defaults are memprune.decision.supersede.Supersede's)
 SUPERSEDE = typer.Option(None, "--supersede", help="Supersede outdated facts: a later bullet of the same subject that "
                          "the update JUDGE (slot, or llm with --supersede-llm) says updates an earlier one drops it "
                          "(reason superseded, column superseded_by).")
@@ -21,7 +21,7 @@ SUPERSEDE_SCOPE = typer.Option(None, "--supersede-scope", help="conversation (a 
                                "conversation].")
 SUPERSEDE_SUBJECT = typer.Option(None, "--supersede-subject", help="Column of whom a fact is about [default: speaker].")
 SUPERSEDE_BAND = typer.Option(None, "--supersede-band", help="LOW:HIGH cosine of candidate pairs, below the dedup "
-                              "threshold [default: 0.4:dedup threshold].")
+                              "threshold [default: 0.3:dedup threshold].")
 SUPERSEDE_LLM = typer.Option(None, "--supersede-llm", help="--supersede llm: YAML file of the judging LLM "
                              "(configs/llm/).")
 
@@ -211,10 +211,6 @@ def score(
     input: Optional[str] = typer.Option(None, "--input", "-i", help="KIND:LOCATION (table:, lance:, mem0:) or a bullets Parquet path."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): scores.parquet, "
                                                                  "score.json, score.md."),
-    supersede: Optional[str] = SUPERSEDE,
-    supersede_scope: Optional[str] = SUPERSEDE_SCOPE,
-    supersede_subject: Optional[str] = SUPERSEDE_SUBJECT,
-    supersede_band: Optional[str] = SUPERSEDE_BAND,
     map_: Optional[str] = typer.Option(None, "--map", help="Store columns: id=COL,text=COL,group=COL,time=COL."),
     write: Optional[bool] = typer.Option(None, "--write/--no-write", help="Write memprune_score into the store [default: write]."),
     config: Optional[Path] = CONFIG,

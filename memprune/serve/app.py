@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -29,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 
 from memprune.errors import MemPruneError
+from memprune.prune.scoring import OUTPUT_COLUMNS, with_outputs
 from memprune.serve.config import STORE_NAME, ServeConfig, ServedStore
 from memprune.serve.models import (DecideRequest, DecideResponse, ErrorResponse, PruneRequest, PruneResponse,
                                    ScoreRequest, ScoreResponse, Verdict)
@@ -207,16 +209,16 @@ def scorer_identity(path: str, scorer: Any) -> dict[str, Any]:
                                                      "relevance_threshold": cal.relevance_threshold}}
 
 
-def verdicts_of(ids: list[str], scores: Any, keep: Any, reason: Any, duplicate_of: list[str | None],
-                effective: Any = None, superseded_by: list[str | None] | None = None) -> list[Verdict]:
-    return [Verdict(id=ids[i], keep=bool(keep[i]), reason=reason[i], score=float(scores[i]),
-                    duplicate_of=duplicate_of[i], superseded_by=None if superseded_by is None else superseded_by[i],
-                    effective_score=None if effective is None else float(effective[i])) for i in range(len(ids))]
+def verdicts_of(decided: Any) -> list[Verdict]:
+    """A decided bullets table (`MemoryPruner.prune_table`'s columns) as the response's verdicts."""
+    fields = [f for f in Verdict.model_fields if f != "id" and f in decided.column_names]
+    cols = {"id": decided.column("bullet_id").to_pylist()} | {f: decided.column(f).to_pylist() for f in fields}
+    return [Verdict(**{f: v[i] for f, v in cols.items()}) for i in range(decided.num_rows)]
 
 
 def _replica_grpc_on_node_address() -> None:
     """Ray Serve starts each replica's inter-deployment gRPC server on every interface (`[::]:0`, whatever the node's
-    address; Ray 2.60). On a node that listens on loopback only (every Ray memprune starts, `runtime.init_local_ray`)
+    address; Ray 2.60). On a node that listens on loopback only (every Ray memprune starts, `raysession.init_local_ray`)
     that server binds to the node's address too, so no port of the service is reachable from another machine."""
     import ipaddress
 
@@ -306,10 +308,10 @@ class MemPruneService:
         pruner = self._pruner(req.rule)
         scores, d = await self._in_thread(pruner.decisions, [b.mapping() for b in req.bullets])
         ids = [b.id if b.id is not None else str(i) for i, b in enumerate(req.bullets)]
-        dup = [ids[j] if j >= 0 else None for j in d.duplicate_of]
-        sup = None if d.superseded_by is None else [ids[j] if j >= 0 else None for j in d.superseded_by]
+        decided = with_outputs(pa.table({"bullet_id": pa.array(ids, pa.string())}), scores, d)
         return DecideResponse(rule=pruner.rule.describe(), score="calibrated" if pruner.calibrated else "raw",
-                              decisions=verdicts_of(ids, scores, d.keep, d.reason.tolist(), dup, d.effective, sup))
+                              columns=[c for c in OUTPUT_COLUMNS if c in decided.column_names],
+                              decisions=verdicts_of(decided))
 
     @api.post("/v1/prune", response_model=PruneResponse)
     async def prune(self, req: PruneRequest, request: Request) -> PruneResponse:
@@ -351,17 +353,10 @@ class MemPruneService:
                 done = apply_group(store, decided, target)
         finally:
             store.close()
-        n = decided.num_rows
-        col = (lambda c: decided.column(c).to_pylist()) if n else (lambda c: [])
-        keep = col("keep")
-        return PruneResponse(store=req.store, group=req.group, applied=req.apply, kept=sum(keep),
-                             dropped=n - sum(keep), archive=done.get("archive"), skipped=done.get("skipped", []),
-                             decisions=verdicts_of(col("bullet_id"), col("score"), keep, col("reason"),
-                                                   col("duplicate_of"),
-                                                   col("effective_score") if "effective_score" in decided.column_names
-                                                   else None,
-                                                   col("superseded_by") if "superseded_by" in decided.column_names
-                                                   else None))
+        keep = sum(decided.column("keep").to_pylist()) if decided.num_rows else 0
+        return PruneResponse(store=req.store, group=req.group, applied=req.apply, kept=keep,
+                             dropped=decided.num_rows - keep, archive=done.get("archive"),
+                             skipped=done.get("skipped", []), decisions=verdicts_of(decided))
 
 
 def build_app(cfg: ServeConfig) -> Any:

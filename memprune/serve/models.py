@@ -71,11 +71,15 @@ class Verdict(BaseModel):
     duplicate_of: str | None = Field(None, description="the id of the bullet it duplicates")
     superseded_by: str | None = Field(None, description="with supersession: the id of the later bullet that updates it")
     effective_score: float | None = Field(None, description="with retention: score x retention")
+    retention: float | None = Field(None, description="with retention: the bullet's retention factor")
 
 
 class DecideResponse(BaseModel):
     rule: str = Field(description="the rule in words")
     score: str = Field(description="raw or calibrated: which scores the rule saw")
+    columns: list[str] = Field(description="the decision's columns in MemoryPruner.prune_table's order "
+                                           "(effective_score and retention with retention, superseded_by with "
+                                           "supersession)")
     decisions: list[Verdict]
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from memprune.runtime import ensure_ray, ray_host
+from memprune.raysession import ensure_ray, ray_host
 from memprune.serve.config import ServeConfig
 
 APP = "memprune"
