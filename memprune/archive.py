@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprune.errors import MemPruneError
-from memprune.io import OutputSet, check_committed, jsonable, write_json
+from memprune.io import check_committed, jsonable, write_json
+from memprune.outputs import OutputSet
 
 ARCHIVE_FORMAT = 1
 SCORE, REASON, DUPLICATE_OF = "memprune_score", "memprune_reason", "memprune_duplicate_of"

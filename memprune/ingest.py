@@ -22,7 +22,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from memprune.adapters import IngestError, get_adapter
 from memprune.config import ConfigModel
-from memprune.io import JsonlSink, OutputSet, check_out_location, read_table, table_sink, write_json
+from memprune.io import JsonlSink, read_table, table_sink, write_json
+from memprune.outputs import OutputSet, check_out_location
 from memprune.rejects import Ledger
 
 

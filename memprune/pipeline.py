@@ -20,10 +20,11 @@ from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 
 from memprune import stages as registry
+from memprune.adapters import formats, get_adapter
 from memprune.config import ConfigError, ConfigModel, merge, parse_overrides, validate
+from memprune.decision import PruneRule
 from memprune.evaluate.config import EvalSettings
 from memprune.label.config import LabelSettings
-from memprune.decision import PruneRule
 from memprune.prune.config import PruneSettings
 from memprune.storage import location
 from memprune.synth.config import SynthSettings
@@ -202,9 +203,9 @@ def quickstart_config(out: str, data: str | None = None, overrides: list[str] | 
     corpus = CorpusSpec()
     if data:
         fmt, sep, path = data.partition(":")
-        if not sep or fmt not in ("msc", "locomo", "jsonl"):
-            raise ConfigError(f"--data must be FORMAT:PATH with FORMAT msc, locomo or jsonl, got {data!r}")
-        corpus = CorpusSpec(format=fmt, input=path, split="valid" if fmt == "msc" else None)
+        if not sep or fmt not in formats():
+            raise ConfigError(f"--data must be FORMAT:PATH with FORMAT {', '.join(formats())}, got {data!r}")
+        corpus = CorpusSpec(format=fmt, input=path, split=get_adapter(fmt).default_split)
     first, second = (s.name for s in registry.trained_chain())  # the optimiser sections of stage 1 and stage 2
     return validate(PipelineConfig, merge({
         "out": out,

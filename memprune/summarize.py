@@ -28,13 +28,14 @@ from pydantic import Field
 
 from memprune.errors import MemPruneError
 from memprune.ingest import distribution
-from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary, write_table
+from memprune.io import JsonlSink, atomic_path, read_table, write_summary, write_table
+from memprune.outputs import OutputSet, check_out_location
 from memprune.llm import LLMConfig, outcome_summary, run_llm
 from memprune.llm.config import LLMSection
 from memprune.llm.run import COMMON_FIELDS
 from memprune.llm.tasks import BULLET_TYPE
 from memprune.rejects import Ledger
-from memprune.runtime import ensure_ray
+from memprune.raysession import ensure_ray
 from memprune.schema import BULLETS, bullet_id
 from memprune.storage import canonical, directory, location
 from memprune.work import WorkDir, file_digest, resumable_chunks

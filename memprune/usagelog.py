@@ -123,11 +123,12 @@ def iter_parquet(path: Path, ledger: Ledger, batch_rows: int = 65536,
         row += n
 
 
+READERS = {"parquet": iter_parquet, "jsonl": lambda path, ledger, error=UsageLogError: iter_jsonl(path, ledger)}
+
+
 def iter_events(file: Path, ledger: Ledger, error: type[Exception] = UsageLogError) -> Iterator[UsageEvent]:
-    """The events of one log file (Parquet or JSON lines, by its suffix)."""
-    if USAGE_EXTENSIONS[file.suffix.lower()] == "parquet":
-        return iter_parquet(file, ledger, error=error)
-    return iter_jsonl(file, ledger)
+    """The events of one log file (Parquet or JSON lines, by its suffix: `USAGE_EXTENSIONS` -> `READERS`)."""
+    return READERS[USAGE_EXTENSIONS[file.suffix.lower()]](file, ledger, error=error)
 
 
 def event_value(ev: UsageEvent) -> tuple[float | None, str, str]:

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from memprune.errors import MemPruneError
-from memprune.io import MARKER, OutputSet, atomic_path, check_out_location, write_json
+from memprune.io import MARKER, atomic_path, write_json
+from memprune.outputs import OutputSet, check_out_location
 
 
 def digest(payload: Any) -> str:

@@ -174,7 +174,7 @@ def ray_local():
     """One local Ray instance (2 CPUs) shared by the tests that need Ray in-process."""
     import ray
 
-    from memprune.runtime import init_local_ray
+    from memprune.raysession import init_local_ray
 
     if not ray.is_initialized():  # as memprune starts its own: on 127.0.0.1 only
         init_local_ray(num_cpus=2, log_to_driver=False, configure_logging=False)

@@ -401,7 +401,7 @@ def test_gpu_requests_without_a_gpu_give_one_clear_line(world: dict[str, Path]) 
     """
     import ray
 
-    from memprune.runtime import ensure_ray
+    from memprune.raysession import ensure_ray
 
     ensure_ray()  # the commands' own cluster: they call ensure_ray() too, and reuse one already started
     gpus = float(ray.cluster_resources().get("GPU", 0))

@@ -335,9 +335,7 @@ def test_tune_on_s3_runs_its_trials_workers_on_the_node_without_the_drivers_disk
     bucket, and the search is committed there with the files and results of the same search run locally. A second
     job whose driver has another working copy (another node's, as far as it knows) reuses the committed trials."""
     import yaml
-    from helpers import committed, remote_files
-    from helpers import labels_for
-    from helpers import tune_config
+    from helpers import committed, labels_for, remote_files, tune_config
 
     from memprune.io import write_table
     from memprune.synth import generate
@@ -365,23 +363,23 @@ def test_tune_on_s3_runs_its_trials_workers_on_the_node_without_the_drivers_disk
     for node in ("head-a", "head-b"):  # the second job: a driver with an empty working copy
         submit(jobs, env, f"memprune-tune-{node}-{tmp_path.name}", "jobs/tune.py", str(config),
                entry=("env", f"MEMPRUNE_CACHE_DIR={tmp_path / node}", f"TMPDIR={tmp_path}", "python"), token=TOKEN)
-        committed = json.loads((location(out) / "tune.json").read_text())
+        searched = json.loads((location(out) / "tune.json").read_text())
         if node == "head-a":
-            first = committed
+            first = searched
             committed(out, "tune")
             assert {f.split("/", 1)[0] for f in remote_files(out)} == {"ray"} | {
                 p.name for p in (tmp_path / "local").iterdir() if not p.name.startswith(".")
                 and p.name not in ("cache", "ray-tune")}
-            assert [r["metric"] for r in committed["stage2_trials"]] == pytest.approx(
+            assert [r["metric"] for r in searched["stage2_trials"]] == pytest.approx(
                 [r["metric"] for r in local["stage2_trials"]], abs=1e-6)
-            assert [r["status"] for r in committed["stage2_trials"]] == ["completed"]
-            assert committed["out"] == out and str(tmp_path / node) not in json.dumps(committed)
-            trial = committed["stage2_trials"][0]["dir"].removeprefix(f"{out}/")  # trials/stage2-...
+            assert [r["status"] for r in searched["stage2_trials"]] == ["completed"]
+            assert searched["out"] == out and str(tmp_path / node) not in json.dumps(searched)
+            trial = searched["stage2_trials"][0]["dir"].removeprefix(f"{out}/")  # trials/stage2-...
             run = json.loads((location(out) / trial / "stage2" / "seed0" / "train.json").read_text())
             assert run["ray"]["storage"] == f"{out}/ray/{trial}"  # the checkpoints: in the bucket
             tuned = (location(out) / "train-tuned.yaml").read_text()
             assert f"out: {out}/train" in tuned and (tmp_path / "tuned.yaml").read_text() == tuned
             logs = list(Path(f"/proc/{worker.pid}/root{private}/ray").glob("session_*/logs/worker-*.out"))
             assert any(b":actor_name:RayTrainWorker" in f.read_bytes() for f in logs), len(logs)
-    assert [r["reused"] for r in committed["stage2_trials"]] == [True]
-    assert [r["metric"] for r in committed["stage2_trials"]] == [r["metric"] for r in first["stage2_trials"]]
+    assert [r["reused"] for r in searched["stage2_trials"]] == [True]
+    assert [r["metric"] for r in searched["stage2_trials"]] == [r["metric"] for r in first["stage2_trials"]]

@@ -14,7 +14,8 @@ from conftest import free_port, moto_server, upload
 from typer.testing import CliRunner
 
 from memprune.errors import MemPruneError
-from memprune.io import MARKER, OutputSet, SchemaError, check_committed
+from memprune.io import MARKER, check_committed, SchemaError
+from memprune.outputs import OutputSet
 from memprune.storage import Location, StorageError, fetch_dir, location
 
 

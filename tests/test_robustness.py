@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from memprune.cli import app
 from memprune.errors import MemPruneError
 from memprune.ingest import ingest
-from memprune.io import MARKER, OutputSet, check_committed, read_table, write_json
+from memprune.io import MARKER, check_committed, read_table, write_json
+from memprune.outputs import OutputSet
 from memprune.schema import SchemaError
 
 REPO = Path(__file__).resolve().parents[1]

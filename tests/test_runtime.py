@@ -30,7 +30,7 @@ def test_cluster_messages_go_to_the_log_not_the_terminal(monkeypatch: pytest.Mon
     thread; quiet mode sends them to the logging system, outside the "ray" logger (it prints to stderr)."""
     import ray._private.worker as ray_worker
 
-    from memprune.runtime import _log_cluster_messages
+    from memprune.raysession import _log_cluster_messages
 
     monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # restored afterwards
     _log_cluster_messages()

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from memprune.errors import MemPruneError
 from memprune.rejects import Ledger
+from memprune.texts import unencodable
 
 KINDS = ("conversation", "session", "turn", "bullet", "qa", "evidence")
 
@@ -55,15 +56,6 @@ def json_type(value: Any) -> str:
     return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
 
 
-def encodable(text: str) -> bool:
-    """Whether `text` can be written as UTF-8 (JSON escapes can produce lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def text_problem(name: str, value: Any, allow_empty: bool = False) -> str | None:
     """Why `value` is not a usable text field called `name`, or None when it is."""
     if value is None:
@@ -72,7 +64,7 @@ def text_problem(name: str, value: Any, allow_empty: bool = False) -> str | None
         return f"{name} is {json_type(value)}, expected a string"
     if not allow_empty and not value.strip():
         return f"empty {name}"
-    if not encodable(value):
+    if unencodable(value) is not None:
         return f"{name} is not valid Unicode (lone surrogate escape)"
     return None
 
@@ -90,6 +82,7 @@ class Adapter(ABC):
 
     name: ClassVar[str]
     has_qa: ClassVar[bool] = False
+    default_split: ClassVar[str | None] = None  # the split read when none is given (a format with splits: msc)
 
     @abstractmethod
     def read(self, path: Path, ledger: Ledger, split: str | None = None) -> Iterator[Conversation]:

@@ -47,9 +47,10 @@ class MscAdapter(Adapter):
     """MSC persona-summary layout -> sessions and persona_text bullets (no QA)."""
 
     name = "msc"
+    default_split = "valid"
 
     def read(self, path: Path, ledger: Ledger, split: str | None = None) -> Iterator[Conversation]:
-        split = split or "valid"
+        split = split or self.default_split
         files = find_session_files(Path(path), split)
         # Episodes are linked across files, so the whole split is grouped before yielding;
         # MSC splits are small (thousands of episodes), so holding parsed rows is fine.

@@ -37,7 +37,8 @@ from memprune.dialogue.plan import DialogueError, build_rows, sample_targets
 from memprune.dialogue.report import render_markdown
 from memprune.dialogue.scoring import score_replies
 from memprune.encoders import SentenceEncoder, model_label, resolve_encoder
-from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary
+from memprune.io import JsonlSink, atomic_path, read_table, write_summary
+from memprune.outputs import OutputSet, check_out_location
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import results_schema, run_llm_chunks
 from memprune.llm.tasks import load_template

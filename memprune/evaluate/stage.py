@@ -37,7 +37,8 @@ from memprune.evaluate.significance import (
 )
 from memprune.evaluate.worth import KEY as WORTH_KEY
 from memprune.evaluate.worth import run_labels, stage2_worth, training_seconds
-from memprune.io import JsonlSink, OutputSet, check_out_location, jsonable, write_json, write_table
+from memprune.io import JsonlSink, jsonable, write_json, write_table
+from memprune.outputs import OutputSet, check_out_location
 from memprune.decision import group_codes, rank_within_groups
 from memprune.rejects import Ledger
 from memprune.storage import fetch_dir, is_uri

@@ -39,7 +39,7 @@ from memprune.label.shards import judged_table, run_shards
 from memprune.label.summary import value_stats
 from memprune.llm.prompts import NO_MEMORY, render_note, reply_messages
 from memprune.markdown import fmt
-from memprune.runtime import ensure_ray
+from memprune.raysession import ensure_ray
 from memprune.work import WorkDir
 
 MAPPINGS = ("tanh", "sigmoid")

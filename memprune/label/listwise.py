@@ -41,7 +41,7 @@ from memprune.label.shards import judged_table, run_shards
 from memprune.llm.prompts import escape, listwise_messages
 from memprune.llm.tasks import load_template
 from memprune.markdown import fmt
-from memprune.runtime import ensure_ray
+from memprune.raysession import ensure_ray
 from memprune.work import WorkDir
 
 KIND = "listwise"

@@ -27,7 +27,7 @@ from memprune.label.judging import judge_all
 from memprune.label.pairs import PairPlan, shard_bounds
 from memprune.label.shards import judged_table, run_shards
 from memprune.llm.prompts import escape, judge_messages
-from memprune.runtime import ensure_ray
+from memprune.raysession import ensure_ray
 from memprune.work import WorkDir
 
 if TYPE_CHECKING:  # pragma: no cover

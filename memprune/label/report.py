@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memprune.label.judges import JUDGES
+from memprune.label.sources.common import SOURCES
 from memprune.markdown import fmt, table, time_line
 
 
@@ -117,13 +118,13 @@ def render_plan(s: dict[str, Any]) -> str:
 
 
 def render_source_markdown(s: dict[str, Any]) -> str:
-    """A short human-readable report of a qa/usage `label.json`."""
+    """A short human-readable report of the `label.json` of a source that is not the judges (its entry's `intro`
+    and `rows`)."""
     c, lab = s["counts"], s["labels"]
     lines = [
         f"# Labels (source: {s['source']}, rule `{s['rule']}`)",
         "",
-        ("> QA-evidence labels: a bullet is positive when questions cite its evidence turns."
-         if s["source"] == "qa" else "> Usage labels: from a log of the memory items replies drew on."),
+        f"> {SOURCES[s['source']].intro or SOURCES[s['source']].description}",
         "",
         "| what | value |",
         "|---|---|",
@@ -131,16 +132,8 @@ def render_source_markdown(s: dict[str, Any]) -> str:
         f"| labelled | {c['bullets_labelled']} |",
         *[f"| unlabelled: {k.removeprefix('unlabelled_').replace('_', ' ')} | {v} |"
           for k, v in c.items() if k.startswith("unlabelled_")],
+        *[f"| {what} | {value} |" for what, value in SOURCES[s["source"]].rows(c)],
     ]
-    if s["source"] == "qa":
-        lines += [f"| QA items used / total | {c['qa_used']} / {c['qa']} |",
-                  f"| QA items without evidence | {c['qa_without_evidence']} |",
-                  f"| bullets cited | {c['bullets_cited']} |"]
-    else:
-        lines += [f"| events counted / total | {c['events_counted']} / {c['events']} |",
-                  f"| events outside the time window | {c['events_outside_window']} |",
-                  f"| events rejected (rejects.jsonl) | {c['events_rejected']} |",
-                  f"| bullets used | {c['bullets_used']} |"]
     lines += [
         f"| label mean / min / max | {fmt(lab['mean'])} / {fmt(lab['min'])} / {fmt(lab['max'])} |",
         f"| labels >= 0.5 | {lab['at_least_0.5']} |",

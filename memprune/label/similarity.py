@@ -22,7 +22,8 @@ from memprune.label.config import LabelSettings
 from memprune.label.judges import JudgeEntry, register
 from memprune.label.judging import Judged, work_payload
 from memprune.label.pairs import PairPlan, shard_bounds
-from memprune.runtime import ensure_ray, plan_actors
+from memprune.raysession import ensure_ray
+from memprune.runtime import plan_actors
 from memprune.timing import busy_seconds, now
 from memprune.work import WorkDir
 

@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 from rich.console import Console
 
-from memprune.io import OutputSet, check_out_location, read_table, write_jsonl, write_summary, write_table
+from memprune.io import read_table, write_jsonl, write_summary, write_table
+from memprune.outputs import OutputSet, check_out_location
 from memprune.label.aggregate import aggregate
 from memprune.label.config import LabelConfig, LabelError
 from memprune.label.pairs import PairPlan, build_pairs

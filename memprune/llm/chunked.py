@@ -20,7 +20,7 @@ import pyarrow as pa
 from memprune.llm.config import LLMConfig, Task
 from memprune.llm.tasks import load_template
 from memprune.llm.run import output_fields, run_llm
-from memprune.runtime import ensure_ray
+from memprune.raysession import ensure_ray
 from memprune.storage import Location
 from memprune.work import WorkDir, resumable_chunks
 

@@ -84,6 +84,8 @@ class LLMConfig(ConfigModel):
                                "earlier one? Template name in memprune/prompts or a file path.")
     likelihood_prompt: str = Field(
         "reply_v1", description="Likelihood judge: a reply template; the real turn is scored as the reply to it.")
+    prompts: dict[str, str] = Field(default_factory=dict, description="task -> template (a name in memprune/prompts or "
+                                    "a path): any registered task's, over its own field (memprune.llm.tasks)")
     max_bullets: int = Field(10, ge=1, description="summarize: at most this many bullets per session.")
 
     # --- Ray placement (vllm, hf; http uses concurrency for request workers)
@@ -137,6 +139,14 @@ class LLMConfig(ConfigModel):
     @classmethod
     def _known_engine(cls, value: str) -> str:
         engine_kind(value)
+        return value
+
+    @field_validator("prompts")
+    @classmethod
+    def _known_tasks(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(TASKS))
+        if unknown:
+            raise ValueError(f"prompts: no task {unknown[0]!r} (the tasks: {', '.join(TASKS)})")
         return value
 
     @field_validator("model")

@@ -2,7 +2,8 @@
 
 `run_llm` (and `llm.local.run_rows`, `llm.tokens`, `llm.chunked`) read everything about a task here, so adding one
 is one entry: its prompt columns (`inputs`, of which `required` must be present), the placeholders its template
-uses, the `LLMConfig` field naming its template and its default token budget, how a row becomes chat messages
+uses, its template (an `LLMConfig` field, or `template` and `LLMConfig.prompts`) and its default token budget, how a
+row becomes chat messages
 (`build`, which may leave per-row state for the parser: labels, speakers, a per-row schema), its JSON schema for
 structured output, how an answer is parsed (`parse`, strict then lenient) and kept (`result`), and how the kept
 result fills the output columns (`finish`). `loglik` scores a given reply instead of generating (`generates`).
@@ -62,7 +63,7 @@ class TaskSpec:
     inputs: tuple[str, ...]
     required: tuple[str, ...]
     placeholders: frozenset[str]
-    prompt: str
+    prompt: str | None  # the `LLMConfig` field naming its template (None: `template` unless `LLMConfig.prompts` names one)
     max_tokens: int
     outputs: tuple[pa.Field, ...] = ()
     build: Build | None = None
@@ -71,6 +72,7 @@ class TaskSpec:
     schema: dict[str, Any] | None = None
     result: Callable[[Parsed], Any] = lambda parsed: parsed.value
     generates: bool = True
+    template: str | None = None  # its default template (a name in memprune/prompts or a path) without a config field
 
 
 TASKS: dict[str, TaskSpec] = {}
@@ -100,8 +102,13 @@ def load_template(name_or_path: str, task: str | None = None) -> PromptTemplate:
 
 
 def prompt_of(config: Any, task: str) -> str:
-    """The template `config` (an `LLMConfig`) names for `task`."""
-    return str(getattr(config, task_spec(task).prompt))
+    """The template `config` (an `LLMConfig`) names for `task`: `config.prompts[task]`, else its own field, else the
+    task's default `template`."""
+    spec = task_spec(task)
+    named = config.prompts.get(task) or (getattr(config, spec.prompt) if spec.prompt else spec.template)
+    if not named:
+        raise ValueError(f"task {task!r} has no template: set llm.prompts.{task}")
+    return str(named)
 
 
 def _set(column: str, cast: Callable[[Any], Any]) -> Callable[[dict[str, Any], Any], None]:

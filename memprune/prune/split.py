@@ -30,7 +30,8 @@ from memprune.archive import (
     register_restorer,
     write_archive,
 )
-from memprune.io import MARKER, OutputSet, check_committed, temp_name, write_json
+from memprune.io import MARKER, check_committed, temp_name, write_json
+from memprune.outputs import OutputSet
 from memprune.decision import PruneError
 from memprune.storage import is_uri
 

@@ -24,7 +24,8 @@ from rich.console import Console
 from memprune.calibration import CalibrationError, resolve_score_mode
 from memprune.decision import PruneError, PruneRule
 from memprune.decision.supersede import JUDGED
-from memprune.io import OutputSet, check_out_location, check_out_outside, write_jsonl, write_summary
+from memprune.io import write_jsonl, write_summary
+from memprune.outputs import OutputSet, check_out_location, check_out_outside
 from memprune.prune.config import PruneConfig
 from memprune.prune.inputs import SESSION_TIME, TIME, Lives, session_times_of
 from memprune.prune.job import Job
@@ -42,7 +43,8 @@ from memprune.prune.store import (
     plan_store,
     read_parquet,
 )
-from memprune.runtime import ActorResources, check_paths_visible, ensure_ray, plan_actors, use_gpu
+from memprune.raysession import ensure_ray
+from memprune.runtime import ActorResources, check_paths_visible, plan_actors, use_gpu
 from memprune.scorer import ScorerError, check_scorer
 from memprune.storage import location
 from memprune.times import epoch_seconds, format_duration
@@ -258,7 +260,7 @@ def run(config: PruneConfig) -> dict[str, Any]:
     except ScorerError as exc:
         raise PruneError(str(exc)) from exc
     scores_used = score_mode(config, scorer_info)
-    rule, settings = config.rule, config.settings()
+    rule = config.rule
     store_files = list_store_files(config.input)
     files, schema, notes = open_store(store_files, carried_columns(config, store_files))
     lives, life_info = check_lives(config, files, schema, given_rule.retention.now is not None)

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from memprune.encoders import SentenceEncoder, resolve_encoder
-from memprune.io import JsonlSink, OutputSet, atomic_path, check_out_location, read_table, write_summary
+from memprune.io import JsonlSink, atomic_path, read_table, write_summary
+from memprune.outputs import OutputSet, check_out_location
 from memprune.llm import LLMConfig, outcome_summary
 from memprune.llm.chunked import run_llm_chunks
 from memprune.llm.tasks import load_template

@@ -24,11 +24,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from memprune import prune
-from memprune.io import OutputSet, check_committed, check_out_location, check_out_outside, write_jsonl, write_summary
+from memprune.io import check_committed, write_jsonl, write_summary
+from memprune.outputs import OutputSet, check_out_location, check_out_outside
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
 from memprune.prune.store import read_parquet
-from memprune.runtime import ensure_ray
+from memprune.raysession import ensure_ray
 from memprune.scorer import check_scorer
 from memprune.storage import Location, canonical
 from memprune.stores.apply import apply_decision

@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from memprune.io import OutputSet, TableSink, write_json
+from memprune.io import TableSink, write_json
+from memprune.outputs import OutputSet
 from memprune.schema import SESSIONS, SYNTH_BULLETS
 from memprune.synth.config import SynthConfig, SynthSettings
 from memprune.synth.generator import (

@@ -7,6 +7,7 @@
 - `splits`: train/valid/test by conversation and k folds; `data`: labels joined to bullets, fingerprint.
 - `embed`: frozen-encoder embeddings on a Ray Data actor pool, cached.
 - `stages`: the registry of what differs per stage; `loss`: the objective; `checkpoint`: the codec.
+- `prepare`: a run's inputs, resource requests and how many seed chains train at once (tune's trials too).
 - `loop`: the Ray Train worker loop; `trainer`: one (stage, seed); `recipe`: `run(cfg)`; `report`: train.md.
 """
 
@@ -23,6 +24,7 @@ from memprune.train.config import (
 from memprune.train.data import prepare_data
 from memprune.train.loop import session_batches
 from memprune.train.loss import batch_loss, combine_parts, listwise_kl
+from memprune.train.prepare import chains_at_once, prepare_inputs
 from memprune.train.recipe import run
 from memprune.train.splits import (
     SplitConfig,
@@ -44,11 +46,13 @@ __all__ = [
     "TrainError",
     "TrainSettings",
     "batch_loss",
+    "chains_at_once",
     "combine_parts",
     "listwise_kl",
     "optimizer_state",
     "optimizer_tensors",
     "prepare_data",
+    "prepare_inputs",
     "run",
     "run_training",
     "session_batches",

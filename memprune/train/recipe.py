@@ -1,7 +1,7 @@
 """`memprune train`: the scorer's stages (vanilla, stage 1, stage 2) over seeds, on Ray Train (DESIGN step 3).
 
 `run(cfg)`: one split by conversation (or K folds, each holding one fold out as its test split)
--> `_prepare` (labels joined to bullets, split, frozen embeddings computed once and cached) ->
+-> `prepare_inputs` (`train/prepare.py`: labels joined to bullets, split, frozen embeddings computed once and cached) ->
 vanilla per seed -> `_run_seed_chains` (stage 1 then stage 2 of each seed; seeds concurrently as
 far as the cluster allows) -> `_write_run` (OUT/run.json, OUT/train.md). Finished (stage, seed)
 runs are reused on a rerun. Evaluation is a separate step (`memprune evaluate`), chained by the
@@ -15,56 +15,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 from rich.console import Console
 
 from memprune.encoders import check_encoder
-from memprune.io import JsonlSink, OutputSet, check_out, read_table, write_json, write_table, write_text
+from memprune.io import JsonlSink, read_table, write_json, write_text
+from memprune.outputs import OutputSet, check_out
 from memprune.markdown import time_line
 from memprune.rejects import Ledger
-from memprune.runtime import check_paths_visible, check_resources, ensure_ray, use_gpu
 from memprune.timing import busy_seconds, time_split
 from memprune.train.config import STAGES, TrainConfig
-from memprune.train.data import data_fingerprint, load_labels, prepare_data
-from memprune.train.embed import compute_embeddings, embedding_column
+from memprune.train.data import load_labels
+from memprune.train.prepare import chains_at_once, prepare_inputs
 from memprune.train.report import render_fold_report, render_report
 from memprune.train.splits import FOLD_MANIFEST, fold_assignment, fold_split
 from memprune.train.stages import STAGE_SPECS, TRAIN_FORMAT
-from memprune.train.trainer import Inputs, artifact_dir, run_stage, storage_path
-from memprune.work import digest, in_working_copy
+from memprune.train.trainer import Inputs, artifact_dir, run_stage
+from memprune.work import in_working_copy
 
 console = Console(stderr=True)
-
-
-def _prepare(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path, outputs: OutputSet
-             ) -> tuple[Inputs, Ledger, dict[str, Any] | None]:
-    """Labelled, split tables (with embeddings when a stage needs them), the label ledger, the embedding facts.
-
-    The inputs are read and the cluster checked before anything is computed, so a bad path, table or
-    setting fails in seconds, not after Ray has started workers.
-    """
-    with JsonlSink(outputs.path("rejects.jsonl")) as rejects:
-        ledger = Ledger(rejects)
-        table, counts = prepare_data(cfg, ledger, assignment)
-    ensure_ray(cfg.ray.address)
-    if any(STAGE_SPECS[s].trained and STAGE_SPECS[s].workers(cfg) for s in cfg.stages):
-        # Ray Train workers write their checkpoints to its storage (default OUT/ray): every node must see it
-        check_paths_visible({"train.ray.storage_path": storage_path(cfg)} if cfg.ray.storage_path else
-                            {"--out": cfg.out})
-    check_resources(_requests(cfg))
-    write_table(table.group_by(["conversation_id", "split"]).aggregate([]).sort_by("conversation_id"),
-                outputs.path("splits.parquet"))
-    if counts["bullets_per_split"]["test"] == 0:
-        console.print("[yellow]warning:[/] the test split is empty", highlight=False)
-    embed_info: dict[str, Any] | None = None
-    dim: int | None = None
-    if any(STAGE_SPECS[s].needs_embeddings for s in cfg.stages):
-        console.print(f"embedding {table.num_rows} labelled bullets with {cfg.encoder} (Ray Data)", highlight=False)
-        emb, embed_info = compute_embeddings(table, cfg.scorer_config(), cfg.embed, cache_dir, cfg.precision)
-        dim = int(emb.shape[1])
-        table = table.append_column("embedding", embedding_column(emb))
-    tables = {s: table.filter(pc.equal(table.column("split"), s)) for s in ("train", "valid", "test")}
-    return Inputs(tables, dim, data_fingerprint(table), counts), ledger, embed_info
 
 
 def _print(summary: dict[str, Any]) -> None:
@@ -82,24 +50,11 @@ def _run_chain(cfg: TrainConfig, inputs: Inputs, seed: int, stages: list[str]) -
     return [r for stage in stages for r in run_stage(cfg, inputs, stage, [seed])]
 
 
-def _concurrency(cfg: TrainConfig, n_chains: int) -> int:
-    """How many seed chains can train at once on this cluster."""
-    import ray
-
-    if cfg.ray.max_concurrent is not None:
-        return max(1, min(cfg.ray.max_concurrent, n_chains))
-    res = ray.cluster_resources()
-    fits = int(res.get("CPU", 1) // (cfg.ray.cpus_per_worker * max(1, cfg.ray.num_workers)))
-    if cfg.ray.num_workers > 0 and use_gpu(cfg.ray.use_gpu, res):
-        fits = min(fits, int(res.get("GPU", 0) // cfg.ray.num_workers))
-    return max(1, min(fits, n_chains))
-
-
 def _run_seed_chains(cfg: TrainConfig, inputs: Inputs, chain: list[str]) -> list[dict[str, Any]]:
     """Every seed's chain of per-seed stages (stage 2), as many at once as the cluster fits."""
     import ray
 
-    width = _concurrency(cfg, len(cfg.seeds))
+    width = chains_at_once(cfg, len(cfg.seeds))
     if width == 1:
         runs = []
         for seed in cfg.seeds:
@@ -129,18 +84,6 @@ def _run_seed_chains(cfg: TrainConfig, inputs: Inputs, chain: list[str]) -> list
     return runs
 
 
-def _requests(cfg: TrainConfig) -> dict[str, dict[str, float]]:
-    """What one Ray Train worker and one embedding actor need, by the config key that sets it."""
-    requests: dict[str, dict[str, float]] = {"embed.cpus_per_actor": {"CPU": cfg.embed.cpus_per_actor}}
-    if cfg.embed.use_gpu is True:
-        requests["embed.use_gpu"] = {"GPU": 1}
-    if cfg.ray.num_workers > 0 or cfg.ray.stage1_workers > 0:
-        requests["ray.cpus_per_worker"] = {"CPU": cfg.ray.cpus_per_worker}
-        if cfg.ray.use_gpu is True:
-            requests["ray.use_gpu"] = {"GPU": 1}
-    return requests
-
-
 def _train_split(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path) -> dict[str, Any]:
     """Every requested (stage, seed) on one split; writes OUT/<stage>/seed<k>/, OUT/run.json and OUT/train.md."""
     check_out(cfg.out, "train")
@@ -152,7 +95,7 @@ def _train_split(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir:
 def _train_split_into(cfg: TrainConfig, assignment: dict[str, str] | None, cache_dir: Path,
                       outputs: OutputSet) -> dict[str, Any]:
     started = time.perf_counter()
-    inputs, ledger, embed_info = _prepare(cfg, assignment, cache_dir, outputs)
+    inputs, ledger, embed_info = prepare_inputs(cfg, assignment, cache_dir, outputs)
     runs: list[dict[str, Any]] = []
     for stage in (s for s in cfg.stages if not STAGE_SPECS[s].per_seed_run):  # every seed in one go
         for summary in run_stage(cfg, inputs, stage, cfg.seeds):

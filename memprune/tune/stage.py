@@ -25,7 +25,8 @@ import pyarrow.compute as pc
 from rich.console import Console
 
 from memprune.encoders import check_encoder
-from memprune.io import OutputSet, check_out, jsonable, write_json, write_text
+from memprune.io import jsonable, write_json, write_text
+from memprune.outputs import OutputSet, check_out
 from memprune.storage import location
 from memprune.train.config import TrainSettings
 from memprune.train.stages import STAGE_SPECS, trained_chain
@@ -98,11 +99,11 @@ def run_trial(point: dict[str, Any], *, stage: str, cfg: TuneConfig, base: Train
 
 def _width(cfg: TuneConfig, stage: str, n: int) -> int:
     """Trials at once: `max_concurrent`, else as many trainers as the cluster fits."""
-    from memprune.train.recipe import _concurrency
+    from memprune.train import chains_at_once
 
     if cfg.max_concurrent is not None:
         return max(1, min(cfg.max_concurrent, n))
-    return _concurrency(cfg.train_config(cfg.out), n)
+    return chains_at_once(cfg.train_config(cfg.out), n)
 
 
 def _search(cfg: TuneConfig, stage: str, base: TrainSettings, inputs: Inputs, shared_stage1: str | None
@@ -234,7 +235,7 @@ def run(cfg: TuneConfig) -> dict[str, Any]:
 
     With a storage URI `out` the trials run in this node's working copy of it, and the search (trials included,
     so a rerun on any node reuses them) is committed there as one output set (`memprune.work.in_working_copy`)."""
-    from memprune.train.recipe import _prepare
+    from memprune.train import prepare_inputs
 
     if isinstance(cfg.out, str):
         # the trials' Ray Train workers may run on any node: their checkpoints go to the bucket, not this disk
@@ -249,7 +250,7 @@ def run(cfg: TuneConfig) -> dict[str, Any]:
     started = time.perf_counter()
     with OutputSet(cfg.out, "tune") as outputs:
         prep_cfg = cfg.train_config(cfg.out / "base")
-        inputs, ledger, embed_info = _prepare(prep_cfg, None, cfg.out / "cache", outputs)
+        inputs, ledger, embed_info = prepare_inputs(prep_cfg, None, cfg.out / "cache", outputs)
         inputs = subsample_train(inputs, cfg.train_fraction, cfg.train.split.seed)
         settings = cfg.train
         first, second = (spec.name for spec in trained_chain())  # stage 1, then stage 2 from the chosen stage 1

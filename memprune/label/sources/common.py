@@ -73,6 +73,9 @@ class LabelSource:
     check: Callable[[Any], None] | None = None  # (LabelSettings) -> None; ValueError on invalid settings
     # run(cfg, data dir, bullets, inputs digests, OutputSet) -> SourceRun (inputs: add the files it read)
     run: Callable[[Any, Path, pa.Table, dict[str, str], Any], SourceRun] | None = None
+    intro: str = ""  # label.md: one line on where its labels come from
+    # label.md: its own rows (what, value) of the counts table, from label.json's counts
+    rows: Callable[[dict[str, Any]], list[tuple[str, Any]]] = lambda counts: []
 
 
 SOURCES: dict[str, LabelSource] = {}

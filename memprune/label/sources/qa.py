@@ -184,4 +184,8 @@ def run(cfg: Any, data: Path, bullets: pa.Table, inputs: dict[str, str], outputs
     return SourceRun(result, rule)
 
 
-QA = register(LabelSource(name="qa", description="QA evidence: a bullet cited by a question is useful", run=run))
+QA = register(LabelSource(
+    name="qa", description="QA evidence: a bullet cited by a question is useful", run=run,
+    intro="QA-evidence labels: a bullet is positive when questions cite its evidence turns.",
+    rows=lambda c: [("QA items used / total", f"{c['qa_used']} / {c['qa']}"),
+                    ("QA items without evidence", c["qa_without_evidence"]), ("bullets cited", c["bullets_cited"])]))

@@ -200,5 +200,9 @@ def run(cfg: Any, data: Path, bullets: pa.Table, inputs: dict[str, str], outputs
     return SourceRun(result, rule, ledger_summary)
 
 
-USAGE = register(LabelSource(name="usage", description="a usage log: whether the replies of a live chatbot used the bullet",
-                             check=_check, run=run))
+USAGE = register(LabelSource(
+    name="usage", description="a usage log: whether the replies of a live chatbot used the bullet", check=_check, run=run,
+    intro="Usage labels: from a log of the memory items replies drew on.",
+    rows=lambda c: [("events counted / total", f"{c['events_counted']} / {c['events']}"),
+                    ("events outside the time window", c["events_outside_window"]),
+                    ("events rejected (rejects.jsonl)", c["events_rejected"]), ("bullets used", c["bullets_used"])]))
