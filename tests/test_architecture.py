@@ -2,8 +2,8 @@
 package points down the floors, a name imported through a package's face counted as an import of the module that
 defines it; no module imports another step's `stage.py` (train's `recipe.py`) or a private name of another package;
 the batch step `prune/` is imported only by what drives it;
-no module over 500 lines; no decision function over 5 parameters; no name of an LLM task, engine or table-store
-format compared outside its registry. Read from the source with `ast`."""
+no module over 500 lines; no decision function over 5 parameters; no name of an LLM task, engine, table-store
+format or GPU-check section compared outside its registry. Read from the source with `ast`."""
 
 from __future__ import annotations
 
@@ -185,19 +185,40 @@ def _registered_names() -> dict[str, set[str]]:
             "stores/tablefile.py stores/table_parquet.py stores/table_text.py stores/records.py": formats}
 
 
+BENCH = PACKAGE.parent / "bench"
+
+
+def _gpu_sections() -> set[str]:
+    """The GPU check's section names, read from its registry (`bench/gpu/sections.py`: `Section("judge", ...)`)."""
+    tree = ast.parse((BENCH / "gpu" / "sections.py").read_text(encoding="utf-8"))
+    return {node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") == "Section" and isinstance(node.args[0], ast.Constant)}
+
+
+def _compared(path: Path, names: set[str]) -> list[str]:
+    """`path`'s comparisons with a string constant among `names` (as `file:line: code`)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare):
+            continue
+        parts = [node.left, *node.comparators]
+        texts = {c.value for part in parts for c in ([part] + list(getattr(part, "elts", [])))
+                 if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        if texts & names and "scope" not in ast.unparse(node):
+            out.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_no_gpu_check_section_name_is_compared_outside_its_registry() -> None:
+    sections = _gpu_sections()
+    assert {"judge", "prune", "train", "tests"} <= sections
+    files = [BENCH / "gpu_check.py", *(p for p in (BENCH / "gpu").glob("*.py") if p.name != "sections.py")]
+    assert [hit for path in files for hit in _compared(path, sections)] == []
+
+
 def test_no_task_engine_or_table_format_name_is_compared_outside_its_registry() -> None:
     """`x == "vllm"`, `task in ("judge", ...)`, `fmt == "csv"`: a string switch where a registry entry belongs."""
     owners = _registered_names()
-    wrong = []
-    for path in PACKAGE.rglob("*.py"):
-        rel = str(path.relative_to(PACKAGE))
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.Compare):
-                continue
-            parts = [node.left, *node.comparators]
-            texts = {c.value for part in parts for c in ([part] + list(getattr(part, "elts", [])))
-                     if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-            for where, names in owners.items():
-                if texts & names and rel not in where.split() and "scope" not in ast.unparse(node):
-                    wrong.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    wrong = [hit for path in PACKAGE.rglob("*.py") for where, names in owners.items()
+             if str(path.relative_to(PACKAGE)) not in where.split() for hit in _compared(path, names)]
     assert wrong == []
