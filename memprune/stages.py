@@ -3,7 +3,7 @@
 A `StageFacts` says what a stage is: its directory name (`RUN/<name>/seed<k>/`, the optimiser section of
 `TrainSettings`), its report label, the earlier stage of the same seed it starts from (`init_from`), whether it
 is the untrained baseline every trained stage is compared with, and whether it trains the encoder (LoRA).
-`STAGES` holds them in method order. It sits on the floor, so every package asks it (evaluate/ below train/ too);
+`STAGES` holds them in method order (`register` adds one). It sits on the floor, so every package asks it (evaluate/ below train/ too);
 `memprune.train.stages.STAGE_SPECS` adds the torch side (model classes, input columns, optimiser sections).
 """
 
@@ -34,6 +34,24 @@ STAGE2 = StageFacts("stage2", "Stage 2", init_from=STAGE1.name, trains_encoder=T
 
 STAGES: tuple[StageFacts, ...] = (VANILLA, STAGE1, STAGE2)  # method order
 BY_NAME: dict[str, StageFacts] = {s.name: s for s in STAGES}
+
+
+def register(facts: StageFacts) -> StageFacts:
+    """Add a stage after the registered ones (method order is registration order). It starts from a registered stage
+    (`init_from`) or from scratch, and is trained: there is one baseline. `memprune.train.stages.register_spec` calls
+    this with its spec's facts."""
+    global STAGES
+    if facts.name in BY_NAME:
+        if BY_NAME[facts.name] is facts:
+            return facts
+        raise ValueError(f"stage {facts.name!r} registered twice")
+    if facts.baseline:
+        raise ValueError(f"stage {facts.name!r}: there is one baseline ({baseline().name})")
+    if facts.init_from is not None:
+        get(facts.init_from)
+    BY_NAME[facts.name] = facts
+    STAGES = tuple(BY_NAME.values())
+    return facts
 
 
 def stage_names() -> tuple[str, ...]:

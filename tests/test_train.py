@@ -311,6 +311,54 @@ def test_ray_train_runs_every_stage1_seed_in_one_run_and_resumes_after_a_kill(
     assert a.equals(pq.read_table(out / "stage1" / "seed1" / "predictions.parquet").column("score"))
 
 
+@pytest.fixture()
+def stage_registry():
+    """The stage registries, restored after the test (a toy stage never leaks into another test)."""
+    from memprune import stages
+    from memprune.train.stages import STAGE_SPECS
+
+    held, specs = dict(stages.BY_NAME), dict(STAGE_SPECS)
+    yield
+    stages.BY_NAME.clear()
+    stages.BY_NAME.update(held)
+    stages.STAGES = tuple(held.values())
+    STAGE_SPECS.clear()
+    STAGE_SPECS.update(specs)
+
+
+@pytest.mark.slow
+def test_a_toy_stage_trains_resumes_and_is_evaluated_against_its_start(stage_registry, local_run: Path,
+                                                                      corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    """A scorer stage is its facts and its spec, registered at run time (here `refit`: the stage-1 head of the same
+    seed trained again with stage 1's optimiser section); `memprune train` trains it after the stages it starts
+    from (reusing their finished runs) and `memprune evaluate` compares it with the baseline and with its start."""
+    from safetensors.torch import load
+    from typer.testing import CliRunner
+
+    from memprune import stages
+    from memprune.cli import app
+    from memprune.train.stages import HeadModel, StageSpec, _predict_on_embeddings, register_spec
+
+    class RefitHead(HeadModel):
+        def __init__(self, scorer, seed, embedding_dim, init_head, precision, device) -> None:
+            super().__init__(scorer, seed, embedding_dim, init_head, precision, device)
+            self.module.load_state_dict(load(init_head))
+
+    register_spec(StageSpec(stages.StageFacts("refit", "Refit", init_from="stage1"), RefitHead, "embedding",
+                            ("stage1",), _predict_on_embeddings, workers_key="stage1_workers", section="stage1"))
+    out = tmp_path / "run"
+    shutil.copytree(local_run, out)
+    run = run_training(_config(*corpus, out, stages=["vanilla", "stage1", "refit"]))
+    by_stage = {r["stage"]: r for r in run["runs"]}
+    assert list(by_stage) == ["vanilla", "stage1", "refit"] and by_stage["stage1"]["reused"]
+    assert not by_stage["refit"]["reused"] and by_stage["refit"]["best_epoch"] is not None
+    assert pq.read_table(out / "refit" / "seed0" / "predictions.parquet").column("stage").to_pylist()[0] == "refit"
+    result = CliRunner().invoke(app, ["evaluate", "--run", str(out), "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert "Refit against Stage 1" in report, report
+
+
 @pytest.mark.slow
 def test_cli_train_and_its_errors(local_run: Path, corpus: tuple[Path, Path], tmp_path: Path) -> None:
     from typer.testing import CliRunner

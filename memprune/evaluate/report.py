@@ -21,7 +21,6 @@ from memprune.markdown import fmt, fmt_p, mean_std, stars, table
 from memprune.evaluate.pruning import evaluation_rules
 from memprune.decision import PruneRule
 
-STAGE_LABELS = {s.name: s.label for s in registry.STAGES}  # memprune/stages.py
 REGRESSION_LABELS = {"mse": "MSE ↓", "mae": "MAE ↓", "rmse": "RMSE ↓", "pearson": "Pearson ↑",
                      "spearman": "Spearman (global) ↑"}
 CLASSIFICATION_LABELS = {"auc": "AUC (relevant = label >= threshold) ↑", "qa_auc": "AUC (QA-cited) ↑"}

@@ -27,8 +27,6 @@ from memprune.scorer import (
 from memprune.storage import canonical, is_uri, location
 from memprune.train.splits import SplitConfig
 
-STAGES: tuple[str, ...] = registry.stage_names()  # method order (memprune/stages.py)
-
 
 class TrainError(MemPruneError):
     """The training inputs or settings cannot be used; the message names the file or key."""
@@ -131,7 +129,8 @@ class TrainSettings(ConfigModel):
     agreement_floor: float = Field(0.1, gt=0.0, lt=1.0, description="weight factor of a row whose judges disagree "
                                                                       "completely (agreement 0)")
     folds: int | None = Field(None, ge=2, description="k-fold by conversation: train K times, each fold held out once")
-    stages: list[str] = Field(default_factory=lambda: list(STAGES), description="among memprune/stages.py's")
+    stages: list[str] = Field(default_factory=lambda: list(registry.stage_names()),
+                              description="among memprune/stages.py's")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2])
     encoder: str = DEFAULT_ENCODER
     max_length: int = Field(64, ge=8)

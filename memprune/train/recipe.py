@@ -23,7 +23,8 @@ from memprune.outputs import OutputSet, check_out
 from memprune.markdown import time_line
 from memprune.rejects import Ledger
 from memprune.timing import busy_seconds, time_split
-from memprune.train.config import STAGES, TrainConfig
+from memprune import stages as registry
+from memprune.train.config import TrainConfig
 from memprune.train.data import load_labels
 from memprune.train.prepare import chains_at_once, prepare_inputs
 from memprune.train.report import render_fold_report, render_report
@@ -104,7 +105,7 @@ def _train_split_into(cfg: TrainConfig, assignment: dict[str, str] | None, cache
     chain = [s for s in cfg.stages if STAGE_SPECS[s].per_seed_run]
     if chain:
         runs.extend(_run_seed_chains(cfg, inputs, chain))
-    order = {s: i for i, s in enumerate(STAGES)}
+    order = {s: i for i, s in enumerate(registry.stage_names())}
     runs.sort(key=lambda r: (order[r["stage"]], r["seed"]))
     summary = {
         **_common(cfg),
@@ -220,7 +221,7 @@ def run_timing(wall_s: float, embed_info: dict[str, Any] | None, runs: list[dict
 def stage_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per stage: its seeds, summed wall time, and mean ± std of the validation numbers over seeds."""
     out: dict[str, Any] = {}
-    for stage in STAGES:
+    for stage in registry.stage_names():
         rs = [r for r in runs if r["stage"] == stage]
         if not rs:
             continue

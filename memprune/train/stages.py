@@ -133,6 +133,7 @@ class StageSpec:
     threads_from_workers: bool = False  # False: one torch thread (a head on [batch, d] only spins more)
     per_seed_run: bool = False  # one Ray Train run per seed (spread over GPUs); else every seed in one run
     workers_key: str = "num_workers"  # the `ray` setting that sizes its Ray Train runs
+    section: str | None = None  # its optimiser section of `TrainSettings` (None: the one named as the stage)
 
     def __post_init__(self) -> None:
         if self.facts.trained != (self.model is not None):
@@ -168,7 +169,7 @@ class StageSpec:
 
     def optim(self, cfg: TrainSettings) -> OptimConfig | None:
         """This stage's optimiser section (None for an untrained stage)."""
-        return getattr(cfg, self.name) if self.trained else None
+        return getattr(cfg, self.section or self.name) if self.trained else None
 
     def workers(self, cfg: TrainSettings) -> int:
         """Ray Train workers of this stage's runs (0: local mode, in-process)."""
@@ -226,6 +227,17 @@ _SPECS = (
 STAGE_SPECS: dict[str, StageSpec] = {s.name: _s for s in registry.STAGES for _s in _SPECS if _s.facts is s}
 if list(STAGE_SPECS) != list(registry.stage_names()):
     raise TrainError(f"STAGE_SPECS {list(STAGE_SPECS)} does not cover memprune.stages {list(registry.stage_names())}")
+
+
+def register_spec(spec: StageSpec) -> StageSpec:
+    """Add a stage: its facts to `memprune.stages` and its spec here. Its optimiser sections (`section`, `settings`)
+    must be sections of `TrainSettings`."""
+    missing = [s for s in (spec.section or spec.name, *spec.settings) if spec.trained and s not in TrainSettings.model_fields]
+    if missing:
+        raise TrainError(f"stage {spec.name}: no optimiser section {missing[0]!r} in TrainSettings")
+    registry.register(spec.facts)
+    STAGE_SPECS[spec.name] = spec
+    return spec
 
 
 def trained_chain() -> list[StageSpec]:
