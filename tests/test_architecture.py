@@ -15,8 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memprune"
 # the floor's modules (shared machinery, no method logic) may import each other, without circles.
 FLOORS = [
     {"", "errors", "schema", "config", "storage", "io", "work", "rejects", "markdown", "figures", "timing", "precision",
-     "runtime", "raysession", "archive", "calibration", "encoders", "tokens", "texts", "times", "stages", "usagelog",
-     "outputs"},
+     "runtime", "raysession", "registry", "archive", "calibration", "encoders", "tokens", "texts", "times", "stages",
+     "usagelog", "outputs"},
     {"adapters", "synth", "llm", "scorer"},
     {"ingest", "label", "decision", "memory"},
     {"prune", "summarize", "evaluate", "dialogue", "qa"},

@@ -140,6 +140,7 @@ def registries():
     from memprune.label.sources.common import SOURCES
     from memprune.llm.tasks import TASKS
 
+    adapters.formats()  # the built-in formats load on first use: before the snapshot, or restoring would drop them
     held = [JUDGES, SOURCES, UPDATE_JUDGES, TASKS, adapters._REGISTRY]
     saved = [dict(r) for r in held]
     yield

@@ -25,6 +25,7 @@ from pydantic import ConfigDict, Field
 
 from memprune.config import ConfigModel
 from memprune.decision.ranking import setting_name
+from memprune.registry import Registry
 
 BELOW_THRESHOLD, OVER_TOP_K, OVER_BUDGET = "below_threshold", "over_top_k", "over_budget"
 
@@ -80,19 +81,16 @@ class Policy(ConfigModel):
         return {"table": [self], "sweep": []}
 
 
-POLICIES: dict[str, type[Policy]] = {}
+POLICIES: Registry[type[Policy]] = Registry("policy")
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
     """Class decorator: make a policy selectable as `rule.policy: NAME` (`--policy NAME`)."""
-    POLICIES[cls.name] = cls
-    return cls
+    return POLICIES.add(cls.name, cls)
 
 
 def policy_of(name: str) -> type[Policy]:
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
-    return POLICIES[name]
+    return POLICIES.known(name)
 
 
 def owner_of(field: str) -> str | None:

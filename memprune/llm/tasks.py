@@ -32,6 +32,7 @@ from memprune.llm.parsing import (
     parse_summary,
     parse_update,
 )
+from memprune.registry import Registry
 from memprune.llm.prompts import (
     PromptTemplate,
     answer_messages,
@@ -75,22 +76,17 @@ class TaskSpec:
     template: str | None = None  # its default template (a name in memprune/prompts or a path) without a config field
 
 
-TASKS: dict[str, TaskSpec] = {}
+TASKS: Registry[TaskSpec] = Registry("LLM task")
 
 
 def register(spec: TaskSpec) -> TaskSpec:
     """Add a task to `TASKS` (each entry below, or a module of one's own)."""
-    if spec.name in TASKS and TASKS[spec.name] is not spec:
-        raise ValueError(f"LLM task {spec.name!r} registered twice")
-    TASKS[spec.name] = spec
-    return spec
+    return TASKS.add(spec.name, spec)
 
 
 def task_spec(name: str) -> TaskSpec:
     """The registered task `name`; ValueError naming the known ones otherwise."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; expected one of {', '.join(n for n, t in TASKS.items() if t.generates)}")
-    return TASKS[name]
+    return TASKS.known(name)
 
 
 def load_template(name_or_path: str, task: str | None = None) -> PromptTemplate:

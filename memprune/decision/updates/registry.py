@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from memprune.registry import Registry
+
 
 @dataclass(frozen=True)
 class Pairs:
@@ -42,20 +44,15 @@ class UpdateJudgeEntry:
 NO_VERDICT = -1
 
 
-UPDATE_JUDGES: dict[str, UpdateJudgeEntry] = {}
+UPDATE_JUDGES: Registry[UpdateJudgeEntry] = Registry("update judge")
 
 
 def register(entry: UpdateJudgeEntry) -> UpdateJudgeEntry:
     """Add an update judge to `UPDATE_JUDGES` (each judge module registers its own entry)."""
-    if entry.name in UPDATE_JUDGES and UPDATE_JUDGES[entry.name] is not entry:
-        raise ValueError(f"update judge {entry.name!r} registered twice")
-    UPDATE_JUDGES[entry.name] = entry
-    return entry
+    return UPDATE_JUDGES.add(entry.name, entry)
 
 
 def update_judge(name: str) -> UpdateJudgeEntry:
     """The registered judge `name`; ValueError naming the known ones otherwise."""
-    if name not in UPDATE_JUDGES:
-        raise ValueError(f"unknown update judge {name!r} (known: {', '.join(UPDATE_JUDGES)})")
-    return UPDATE_JUDGES[name]
+    return UPDATE_JUDGES.known(name)
 
