@@ -188,6 +188,15 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration | None:
         raise ScorerError(str(exc)) from exc
 
 
+def artifact_fingerprint(local: str | os.PathLike[str]) -> str:
+    """16 hex digits of a local artifact's files (names and contents, the adapter's included): what prune.json,
+    the review page and /healthz name a scorer by."""
+    from memprune.work import digest, file_digest
+
+    root = Path(local)
+    return digest({str(p.relative_to(root)): file_digest(p) for p in sorted(root.rglob("*")) if p.is_file()})[:16]
+
+
 def check_scorer(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Validate a scorer artifact where it is used, before Ray or a service starts: config, head weights, encoder,
     adapter, calibration; a broken one is one `ScorerError` line (not a failure in every actor or replica).
@@ -200,8 +209,8 @@ def check_scorer(path: str | os.PathLike[str]) -> dict[str, Any]:
         cal = load_calibration(local)
     except EncoderError as exc:
         raise ScorerError(str(exc)) from exc
-    return {"path": canonical(str(path)), "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed,
-            "lora": sc.lora is not None, "max_length": sc.max_length,
+    return {"path": canonical(str(path)), "fingerprint": artifact_fingerprint(local), "encoder": sc.encoder,
+            "stage": sc.stage, "seed": sc.seed, "lora": sc.lora is not None, "max_length": sc.max_length,
             "calibration": None if cal is None else {"method": cal.method,
                                                      "relevance_threshold": cal.relevance_threshold}}
 

@@ -170,3 +170,9 @@ def mem0_points(config: Path) -> dict[str, tuple[dict, list[float]]]:
         return {str(p.id): (dict(p.payload), [round(x, 6) for x in p.vector]) for p in points}
     finally:
         mem0_close(m)
+
+
+def review_document(html: str) -> dict[str, Any]:
+    """The data document a review page embeds (`<script type="application/json" id="memprune-data">`)."""
+    start = html.index('id="memprune-data">') + len('id="memprune-data">')
+    return json.loads(html[start:html.index("</script>", start)])

@@ -18,7 +18,7 @@ FLOORS = [
      "runtime", "raysession", "registry", "archive", "calibration", "encoders", "tokens", "texts", "times", "stages",
      "usagelog", "outputs"},
     {"adapters", "synth", "llm", "scorer"},
-    {"ingest", "label", "decision", "memory"},
+    {"ingest", "label", "decision", "memory", "review"},
     {"prune", "summarize", "evaluate", "dialogue", "qa"},
     {"train", "stores"},
     {"tune", "serve"},

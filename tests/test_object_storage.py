@@ -152,7 +152,9 @@ def test_prune_reads_store_and_scorer_from_s3_and_writes_there(ray_local, bucket
     assert summary["scorer"]["path"] == scorer and summary["input"]["files"] == [store]
     assert summary["output"]["store"] == f"{out}/pruned" and summary["emitted"]["kept"]["path"] == f"{out}/kept"
     info = _marker(root)
-    assert info["state"] == "done" and set(info["files"]) == {"pruned", "kept", "dropped", "prune.json", "prune.md"}
+    assert info["state"] == "done" and set(info["files"]) == {"pruned", "kept", "dropped", "prune.json", "prune.md",
+                                                               "review.html"}
+    assert f'"{summary["fingerprint"]}"' in (root / "review.html").read_text()  # the page, committed with the rest
     assert not [n for n in root.files() if n.startswith(".staging-")]
     got = read_pruned(out)
     bullets = pq.read_table(msc_small / "bullets.parquet")
@@ -393,7 +395,7 @@ def test_a_table_store_on_s3_is_decided_split_applied_and_restored_byte_for_byte
     root = location(out)
     assert _marker(root)["state"] == "done" and location(remote).read_bytes() == STORE_CSV
     assert set(_marker(root)["files"]) == {"decision.parquet", "rejects.jsonl", "prune.json", "prune.md", "kept",
-                                           "dropped"}
+                                           "dropped", "review.html"}
     assert not [n for n in root.files() if n.startswith((".work", ".staging-"))]
     decision = pq.read_table((root / "decision.parquet").path, filesystem=root.fs)
     keep = dict(zip(decision["id"].to_pylist(), decision["keep"].to_pylist()))

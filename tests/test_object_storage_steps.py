@@ -59,6 +59,7 @@ def _llm_yaml(path: Path, server: TinyOpenAIServer) -> Path:
     return path
 
 
+@pytest.mark.slow  # about 30 s: two summarize runs on the tiny LLM
 def test_summarize_reads_sessions_from_s3_commits_there_as_locally_and_resumes_on_another_node(
         ray_local, server, bucket: str, tmp_path: Path, monkeypatch) -> None:
     from memprune.io import write_table
@@ -110,6 +111,7 @@ def _locally_and_on_s3(step: str, data: Path, pruned: Path, bucket: str, tmp_pat
     return location(out), tmp_path / "local", uris
 
 
+@pytest.mark.slow  # about 15 s: a prune and two QA evaluations
 def test_qa_eval_reads_corpus_and_pruned_store_from_s3_and_commits_there_as_locally(
         ray_local, server, bucket: str, locomo: Path, store: Path, tmp_path: Path) -> None:  # noqa: F811
     args = ["--llm-config", _llm_yaml(tmp_path / "llm.yaml", server), "--conditions", "none,all,pruned",

@@ -44,8 +44,11 @@ def test_budget_dry_run_matches_memory_pruner_and_writes_no_store(ray_local, sco
     summary = run_prune(PruneConfig(scorer=str(scorer_dir), input=str(corpus_dir), out=str(tmp_path), rule=rule,
                                     dry_run=True, preview_groups=1000, block_rows=24, progress=False))
     assert summary["dry_run"] and summary["output"] is None
-    assert not (tmp_path / "pruned").exists() and not list(tmp_path.rglob("*.parquet"))  # no store written
-    assert {p.name for p in tmp_path.iterdir()} >= {"prune.json", "prune.md", "preview.jsonl"}
+    assert not (tmp_path / "pruned").exists()  # no store written: the decision alone, every bullet, no store columns
+    decision = pq.read_table(tmp_path / "decision")
+    assert decision.num_rows == corpus.num_rows and "evidence" not in decision.column_names
+    assert {"bullet_id", "conversation_id", "session_index", "score", "keep", "reason"} <= set(decision.column_names)
+    assert {p.name for p in tmp_path.iterdir()} >= {"prune.json", "prune.md", "preview.jsonl", "review.html"}
     preview = [json.loads(ln) for ln in (tmp_path / "preview.jsonl").read_text().splitlines()]
     assert len(preview) == corpus.num_rows  # every group sampled at this size
     got = {p["bullet_id"]: (p["kept"], p["reason"], p["duplicate_of"]) for p in preview}

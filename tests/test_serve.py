@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import free_port
-from helpers import USERS, mem0_close, mem0_config, mem0_get_all, mem0_memory, mem0_points
+from helpers import USERS, mem0_close, mem0_config, mem0_get_all, mem0_memory, mem0_points, review_document
 
 from memprune.archive import read_archive, restore
 from memprune.prune import MemoryPruner, PruneRule
@@ -56,7 +56,7 @@ def service(ray_local, scorer_dir, minilm_path, tmp_path_factory):
     notes.write_text("mid,memory,user,created,starred\n" + "".join(",".join(r) + "\n" for r in NOTES))
     cfg = ServeConfig(scorer=str(scorer_dir), port=free_port(),
                       stores={"mem": f"mem0:{config}", "notes": {"location": f"table:{notes}", "map": NOTES_MAP}},
-                      archive_dir=str(d / "archive"), num_cpus=0.5, block=False)
+                      archive_dir=str(d / "archive"), review_dir=str(d / "reviews"), num_cpus=0.5, block=False)
     summary = run(cfg)
     yield summary["url"], config, d / "archive"
     serve.shutdown()
@@ -158,9 +158,18 @@ def test_prune_applies_on_mem0_and_restore_gives_the_rest_back(service, scorer_d
     url, config, _ = service
     rule = {"threshold": None, "top_k": 2}
     before = mem0_get_all(config)
-    dry = _post(url, "/v1/prune", {"store": "mem", "group": "alice", "rule": rule})
+    dry = _post(url, "/v1/prune", {"store": "mem", "group": "alice", "rule": rule, "review": True})
     assert dry.status_code == 200 and not dry.json()["applied"] and dry.json()["archive"] is None
     assert mem0_get_all(config) == before  # a dry run changes nothing
+    # ... and, asked for, its review page: every record of the group, the verdicts the response gave
+    page = httpx.get(url + dry.json()["review"], timeout=30)
+    assert page.status_code == 200 and "connect-src 'none'" in page.headers["content-security-policy"]
+    shown = review_document(page.text)["records"]
+    assert dict(zip(shown["id"], shown["keep"])) == {d["id"]: d["keep"] for d in dry.json()["decisions"]}
+    assert set(shown["id"]) == before["alice"] and dry.json()["decisions"]
+    for wrong in ("/v1/review/mem/20240101T000000-" + "0" * 32 + "/review.html",
+                  dry.json()["review"].replace("review.html", "../../../archive"), "/v1/review/mem/x/review.html"):
+        assert httpx.get(url + wrong, timeout=30).status_code == 404
     reply = _post(url, "/v1/prune", {"store": "mem", "group": "alice", "rule": rule, "apply": True},
                   headers={"Authorization": f"Bearer {TOKEN}"})
     assert reply.status_code == 200, reply.text
@@ -241,6 +250,9 @@ def test_mem0_integration_keeps_each_user_within_the_cap(service, scorer_dir, mi
         kept = {r["id"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=1000)["results"]}
         archived = {i for a in memory.archives() for i in read_archive(a).records.column("id").to_pylist()}
         assert len(added) == 100 and archived == added - kept and len(kept) == 5
+        page = memory.review("alice", tmp_path / "review")  # the decision on a page, nothing changed
+        assert set(review_document(Path(page).read_text())["records"]["id"]) == kept
+        assert {r["id"] for r in memory.get_all(filters={"user_id": "alice"}, top_k=1000)["results"]} == kept
         assert memory.restore()["restored"] == 95
         assert len(memory.get_all(filters={"user_id": "alice"}, top_k=1000)["results"]) == 100
         # a metadata key as the pin (issue 27): the pinned "lol" outlives better memories

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -96,6 +97,10 @@ def prune(
                   f"bullets per {cfg.rule.group_by} (-{r['bullet_reduction_pct'] or 0:.1f}% bullets, "
                   f"-{r['token_reduction_pct'] or 0:.1f}% tokens; {summary['duplicates']} duplicates) -> {cfg.out}",
                   highlight=False)
+    review = (summary.get("emitted") or {}).get("review")
+    if review:
+        console.print(f"review: {review['path']} (a page for any browser; `memprune review {cfg.out} --open` serves "
+                      "it on 127.0.0.1)", highlight=False, soft_wrap=True)
     warning = emptied_warning(summary)
     if warning:
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
@@ -115,6 +120,29 @@ def prune(
             console.print(line, highlight=False)
         console.print(f"the store is unchanged; read {cfg.out}/prune.md, then rerun with --apply (or --apply-flag)",
                       highlight=False)
+
+
+@app.command()
+def review(
+    out: str = typer.Argument(..., help="The --out of a `memprune prune` run (a directory or a URI)."),
+    open_: bool = typer.Option(False, "--open", help="Serve the page on 127.0.0.1 and print its address (Ctrl-C "
+                                                     "stops)."),
+    port: int = typer.Option(0, "--port", help="--open: the port [default: a free one]."),
+) -> None:
+    """Write OUT/review.html again from the decision in OUT: every record, why it goes, what replaced it."""
+    from memprune.stores.review import review_output, serve_page
+
+    with user_errors("review"):
+        page = review_output(out)
+    console.print(f"review: {page}", highlight=False, soft_wrap=True)
+    if open_:
+        with user_errors("review"):
+            server, url = serve_page(out, port)
+        print(url, flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            server.shutdown()
 
 
 @app.command()

@@ -3,6 +3,7 @@
     memory = PrunedMemory.from_config("mem0.yaml", MemoryPruner("runs/train/stage2/seed0", top_k=20,
                                                                  threshold=None), archive_dir="mem0-archive")
     memory.add([{"role": "user", "content": "..."}], user_id="alice")   # then alice is pruned to 20
+    memory.review("alice", "review-alice")   # what pruning alice does, on a page (review-alice/review.html); changes nothing
     memory.restore()                                                     # every archived memory back
 
 After each `add` for a user (or agent/run: `group`), that user's memories are decided by the pruner: an
@@ -21,7 +22,7 @@ from typing import Any
 
 from memprune.archive import read_archive
 from memprune.stores.base import restore_to
-from memprune.stores.group import TablePruner, apply_group, decide_group
+from memprune.stores.group import TablePruner, apply_group, decide_group, review_group
 from memprune.stores.mem0_store import Mem0Store, open_memory
 
 
@@ -71,6 +72,11 @@ class PrunedMemory:
         if done["archive"]:
             self.pruned.append(record)
         return record
+
+    def review(self, group: str, directory: str | Path) -> str:
+        """Decide `group`'s memories as `prune` would and write the decision's review page (`directory/review.html`:
+        every memory, kept or why it goes, what replaced it) without changing anything; returns the page's path."""
+        return review_group(directory, decide_group(self.store, group, self.pruner), self.store, self.pruner)
 
     def archives(self) -> list[Path]:
         """Every archive this wrapper's prunes wrote under `archive_dir`, oldest first."""

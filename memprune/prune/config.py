@@ -53,8 +53,11 @@ class PruneSettings(ScoringRuntime):
     tokenizer: str = Field("encoder", description="token unit: encoder, whitespace, or a tokenizer.json (or its dir)")
     columns: list[str] | None = Field(None, description="extra input columns to carry; null = all")
     limit_rows: int | None = Field(None, ge=1, description="only the first N rows, rounded up to whole groups (trials)")
-    dry_run: bool = Field(False, description="decide and report (prune.json, prune.md, preview.jsonl) but write no store")
+    dry_run: bool = Field(False, description="decide and report (decision/, prune.json, prune.md, preview.jsonl, "
+                          "review.html) but write no store")
     preview_groups: int = Field(20, ge=0, description="dry run: about this many groups (a hash sample) in preview.jsonl")
+    review_rows: int = Field(1_000_000, ge=0, description="review.html for stores of up to this many bullets (the page "
+                             "holds every record; past 20 MB in data files beside it); 0 = no page")
     emit: Literal["keep", "split"] = Field(
         "keep", description="keep: pruned/ (every bullet + score, keep, reason); split: also kept/ (the kept bullets, "
         "input columns) and dropped/ (the archive: score, reason, run fingerprint; `memprune restore`)")
@@ -78,6 +81,13 @@ class PruneSettings(ScoringRuntime):
     def settings(self) -> list[PruneRule]:
         """The rule first, then (policy `rule`) its top-k sweep reported beside it."""
         return self.rule.variants(self.sweep_top_k)
+
+    @property
+    def decision_carry(self) -> list[str]:
+        """The input columns a dry run's decision/ carries beside the decision's own (where the input has them):
+        the group keys, the conversation and session, the pin column and the times (the review page's)."""
+        pin = [self.rule.pin_field] if self.rule.pin_field else []
+        return list(dict.fromkeys([*self.rule.keys, "conversation_id", "session_index", *pin, "time", "session_time"]))
 
 
 class PruneConfig(PruneSettings):

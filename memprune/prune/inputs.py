@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from memprune.decision import PruneRule, group_codes
 from memprune.errors import MemPruneError
+from memprune.storage import location
 from memprune.times import epoch_seconds
 from memprune.usagelog import Usage
 
@@ -138,3 +140,22 @@ def session_times_of(sessions: pa.Table) -> dict[tuple[Any, Any], float]:
     secs = epoch_seconds(sessions.column(TIME), f"sessions.{TIME}", ids)
     keys = zip(sessions.column("conversation_id").to_pylist(), sessions.column("session_index").to_pylist())
     return {k: float(t) for k, t in zip(keys, secs) if not math.isnan(t)}
+
+
+def corpus_session_times(paths: list[Any]) -> dict[tuple[Any, Any], float] | None:
+    """The session times of a corpus dir (its sessions.parquet beside bullets.parquet, the one file of `paths`),
+    else None."""
+    if len(paths) != 1 or not str(paths[0]).endswith("bullets.parquet"):
+        return None
+    path = str(paths[0])[: -len("bullets.parquet")] + "sessions.parquet"
+    loc = location(path)
+    if not loc.is_file():
+        return None
+    try:
+        table = pq.read_table(loc.path, columns=["conversation_id", "session_index", TIME], filesystem=loc.fs)
+    except (OSError, pa.ArrowInvalid, KeyError):
+        return None
+    try:
+        return session_times_of(table)
+    except ValueError as exc:
+        raise LifecycleError(f"{path}: {exc}") from None

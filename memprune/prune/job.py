@@ -312,6 +312,15 @@ def decide_sorted_block(block: pa.Table, s: BlockSettings) -> pa.Table:
 
 
 PREVIEW_COLUMNS = ("bullet_id", "text", "score", "keep", "reason", "duplicate_of", "superseded_by")
+DECISION_COLUMNS = (*PREVIEW_COLUMNS, "effective_score", "retention")  # a dry run's decision/: these, keys, pins
+DECISION_DIR = "decision"
+
+
+def decision_block(block: pa.Table, carry: list[str]) -> pa.Table:
+    """A decided block's decision: the `DECISION_COLUMNS` it has and the input columns in `carry` (group keys, pin
+    and time columns): what a dry run writes instead of the store, and what the review page shows."""
+    wanted = [*carry, *DECISION_COLUMNS]
+    return block.select(list(dict.fromkeys(c for c in wanted if c in block.column_names)))
 
 
 def preview_block(block: pa.Table, keys: list[str], rate: float) -> pa.Table:
@@ -368,7 +377,7 @@ class Job:
                              canonical(c.scorer) if c.rule.supersede.on else None)
 
 
-def run_on_driver(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
+def run_on_driver(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any]]:
     """`run_pipeline` without Ray (`execution: driver`): the same blocks, scoring, decision and output files, scored
     in this process on `res.device` by `res.actors` threads, each with its own scorer and `res.threads` torch
     threads; returns what `run_pipeline` returns."""
@@ -377,7 +386,6 @@ def run_on_driver(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, An
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     config, res, plan, schema = job.config, job.res, job.plan, job.schema
-    keys = config.rule.keys
     shuffle = plan.mode == "shuffle"
     t1 = now()
     tally = _Tally(config.settings())
@@ -412,16 +420,12 @@ def run_on_driver(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, An
         torch.set_num_threads(torch_threads)  # the scorers set the process's torch threads to their share
     if shuffle:  # every group whole in one block: the scored rows, decided as one (as `sort_in_memory`)
         blocks = [decide_sorted_block(pa.concat_tables(blocks), job.block_settings(tally))]
-    preview = None
     if config.dry_run:
-        rate = min(1.0, config.preview_groups / max(plan.runs, 1))
-        parts = [p for p in (preview_block(b, list(keys), rate) for b in blocks) if p.num_rows]
-        preview = pa.concat_tables(parts) if parts else None
-    else:
-        _write_parts(blocks, tmp, config.rows_per_file)
+        blocks = [decision_block(b, config.decision_carry) for b in blocks]
+    _write_parts(blocks, tmp, config.rows_per_file)
     stats = tally.result()
     stats["sort"] = None if not shuffle else "driver"
-    return stats, pipeline_timing(t1, now(), stats), preview
+    return stats, pipeline_timing(t1, now(), stats)
 
 
 def _write_parts(blocks: list[pa.Table], tmp: Location, min_rows: int) -> None:
@@ -439,14 +443,13 @@ def _write_parts(blocks: list[pa.Table], tmp: Location, min_rows: int) -> None:
             pending, written = [], written + 1
 
 
-def run_pipeline(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any], pa.Table | None]:
-    """Assemble and run the Ray Data pipeline; write the store into `tmp` (a dry run: collect the preview
-    sample instead, and write nothing); return counters, timing and the preview rows (dry run only)."""
+def run_pipeline(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Assemble and run the Ray Data pipeline; write the store into `tmp` (a dry run: the decision's columns
+    alone, `decision_block`); return counters and timing."""
     import ray
     from ray.data import DataContext
 
     config, res, plan, schema = job.config, job.res, job.plan, job.schema
-    keys = config.rule.keys
     unit = config.rule.unit_keys  # what a block holds whole: the groups, and with supersession their scopes
     t1 = now()
     ctx = DataContext.get_current()
@@ -473,17 +476,11 @@ def run_pipeline(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any
         elif shuffle:
             ds = ds.sort(SORTKEY).map_batches(decide_sorted_block, fn_kwargs=decide, batch_size=None,
                                               batch_format="pyarrow", num_cpus=config.io_cpus)
-        preview = None
         if config.dry_run:
-            rate = min(1.0, config.preview_groups / max(plan.runs, 1))
-            ds = ds.map_batches(preview_block, fn_kwargs={"keys": list(keys), "rate": rate}, batch_size=None,
+            ds = ds.map_batches(decision_block, fn_kwargs={"carry": config.decision_carry}, batch_size=None,
                                 batch_format="pyarrow", num_cpus=config.io_cpus)
-            parts = list(ds.iter_batches(batch_format="pyarrow", batch_size=None))
-            parts = [pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p for p in parts if p.num_rows]
-            preview = pa.concat_tables(parts) if parts else None
-        else:
-            ds.write_parquet(tmp.path, filesystem=tmp.fs, min_rows_per_file=config.rows_per_file,
-                             ray_remote_args={"num_cpus": config.io_cpus})
+        ds.write_parquet(tmp.path, filesystem=tmp.fs, min_rows_per_file=config.rows_per_file,
+                         ray_remote_args={"num_cpus": config.io_cpus})
         stats = ray.get(tally.result.remote())
         stats["sort"] = None if not shuffle else "driver" if scored else "distributed"
         timing = pipeline_timing(t1, now(), stats)
@@ -495,4 +492,4 @@ def run_pipeline(job: Job, tmp: Location) -> tuple[dict[str, Any], dict[str, Any
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
         ray.kill(tally)
-    return stats, timing, preview
+    return stats, timing

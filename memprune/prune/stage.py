@@ -27,8 +27,9 @@ from memprune.decision.supersede import JUDGED
 from memprune.io import write_jsonl, write_summary
 from memprune.outputs import OutputSet, check_out_location, check_out_outside
 from memprune.prune.config import PruneConfig
-from memprune.prune.inputs import SESSION_TIME, TIME, Lives, session_times_of
-from memprune.prune.job import Job
+from memprune.prune.inputs import SESSION_TIME, TIME, Lives, corpus_session_times
+from memprune.prune.decided import decided, write_run_review
+from memprune.prune.job import DECISION_DIR, Job, decision_block, preview_block
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
 from memprune.prune.stats import empty_stats, summarize_stats
@@ -44,6 +45,7 @@ from memprune.prune.store import (
     read_parquet,
 )
 from memprune.raysession import ensure_ray
+from memprune.review import PAGE
 from memprune.runtime import ActorResources, check_paths_visible, plan_actors, use_gpu
 from memprune.scorer import ScorerError, check_scorer
 from memprune.storage import location
@@ -145,7 +147,7 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
                         raise PruneError(f"{f.path}: {exc}") from None
         session_times = None
         if SESSION_TIME not in schema.names:
-            session_times = corpus_session_times(files)
+            session_times = corpus_session_times([f.path for f in files])
         usage = None
         if config.usage_log is not None:
             known = set(pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
@@ -161,23 +163,6 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
              "session_times": len(session_times or {}), "usage_log": config.usage_log,
              "usage_events": usage.events if usage else 0, "recalled_bullets": len(usage.recalls) if usage else 0}
     return Lives(usage, session_times or None), info
-
-
-def corpus_session_times(files: list[Any]) -> dict[tuple[Any, Any], float] | None:
-    """The session times of a corpus dir (its sessions.parquet beside bullets.parquet), else None."""
-    if len(files) != 1 or not str(files[0].path).endswith("bullets.parquet"):
-        return None
-    path = str(files[0].path)[: -len("bullets.parquet")] + "sessions.parquet"
-    if not location(path).is_file():
-        return None
-    try:
-        table = read_parquet(path, columns=["conversation_id", "session_index", TIME])
-    except (OSError, pa.ArrowInvalid, KeyError):
-        return None
-    try:
-        return session_times_of(table)
-    except ValueError as exc:
-        raise PruneError(f"{path}: {exc}") from None
 
 
 def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:
@@ -336,21 +321,21 @@ def _run_into(run: Run, outputs: OutputSet) -> dict[str, Any]:
     res = None if run.job is None else run.job.res
     settings = config.settings()
     rule = config.rule
-    store = outputs.target(STORE_DIR)
+    store = outputs.target(DECISION_DIR if config.dry_run else STORE_DIR)  # a dry run writes the decision alone
     out_schema = pa.schema([*schema, *(pa.field(n, t) for n, t in output_types(rule).items())])
-    preview = None
     if plan.rows == 0 or run.job is None:
         stats = empty_stats(settings) | {"split_groups": 0, "blocks": 0}
         timing: dict[str, Any] = {}
-        if not config.dry_run:
-            store.fs.create_dir(store.path, recursive=True)
-            pq.write_table(out_schema.empty_table(), (store / "part-00000.parquet").path, filesystem=store.fs)
+        empty = out_schema.empty_table()
+        store.fs.create_dir(store.path, recursive=True)
+        pq.write_table(decision_block(empty, config.decision_carry) if config.dry_run else empty,
+                       (store / "part-00000.parquet").path, filesystem=store.fs)
     else:
-        stats, timing, preview = (run_on_driver if run.on_driver else run_pipeline)(run.job, store)
+        stats, timing = (run_on_driver if run.on_driver else run_pipeline)(run.job, store)
     finishing = time.perf_counter()
-    written = [] if config.dry_run else finalize_files(store)
+    written = finalize_files(store)
     rows_out = sum(parquet_file(p).metadata.num_rows for p in written)
-    if not (plan.rows == stats["rows"] == (stats["rows"] if config.dry_run else rows_out)):
+    if not (plan.rows == stats["rows"] == rows_out):
         raise PruneError(f"row count mismatch: {plan.rows} read, {stats['rows']} scored, {rows_out} written")
     if stats["split_groups"]:
         raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
@@ -358,9 +343,13 @@ def _run_into(run: Run, outputs: OutputSet) -> dict[str, Any]:
     per_setting = summarize_stats(stats, settings)
     fingerprint = run_fingerprint(config, scorer_info, files)
     emitted: dict[str, Any] = {}
+    review = None if plan.rows > config.review_rows else decided(written, out_schema.names, config)
     if config.dry_run:
+        rate = min(1.0, config.preview_groups / max(plan.runs, 1))
+        sample = pa.concat_tables([preview_block(read_parquet(p), list(rule.keys), rate) for p in written])
+        emitted["decision"] = {"path": outputs.final(DECISION_DIR), "rows": rows_out}
         emitted["preview"] = {"path": outputs.final("preview.jsonl"),
-                              "rows": write_preview(outputs.path("preview.jsonl"), preview, list(rule.keys))}
+                              "rows": write_preview(outputs.path("preview.jsonl"), sample, list(rule.keys))}
     elif config.emit == "split":
         pruned = pa.concat_tables([read_parquet(p) for p in written])
         input_ids = pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
@@ -408,5 +397,13 @@ def _run_into(run: Run, outputs: OutputSet) -> dict[str, Any]:
         "notes": run.notes,
         "config": config.model_dump(mode="json"),
     }
+    if review is not None:
+        emitted["review"] = {"path": outputs.final(PAGE), "records": review.num_rows}
+        lives = run.job.lives if run.job else None
+        write_run_review(outputs.staging, review, summary, config,
+                         (lives.session_times if lives else None) or corpus_session_times([f.path for f in files]),
+                         str(config.out))
+    else:
+        run.notes.append(f"no review.html: {plan.rows} bullets, more than review_rows {config.review_rows}")
     write_summary(outputs.staging, "prune", summary, render_markdown(summary))
     return summary

@@ -25,12 +25,13 @@ import numpy as np
 import pyarrow as pa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from ray import serve
 
 from memprune.errors import MemPruneError
 from memprune.prune.scoring import OUTPUT_COLUMNS, with_outputs
+from memprune.review import PAGE, PARTS
 from memprune.serve.config import STORE_NAME, ServeConfig, ServedStore
 from memprune.serve.models import (DecideRequest, DecideResponse, ErrorResponse, PruneRequest, PruneResponse,
                                    ScoreRequest, ScoreResponse, Verdict)
@@ -38,6 +39,12 @@ from memprune.serve.rules import RuleRefused, request_rule
 
 PRUNERS = 64  # rules whose MemoryPruner a replica keeps
 LIMITS = {"max_request_bytes": 1_000_000}  # this process's replica's (a replica is one process)
+
+
+REVIEW_ID = re.compile(r"\d{8}T\d{6}-[0-9a-f]{32}")  # a review page's address: its time and 128 random bits
+REVIEW_PART = re.compile(rf"{PARTS}/part-\d{{5}}\.js")
+REVIEW_CSP = ("default-src 'none'; script-src 'unsafe-inline' 'self'; style-src 'unsafe-inline'; img-src data: blob:; "
+              "connect-src 'none'; base-uri 'none'; form-action 'none'")
 
 
 class RequestError(MemPruneError):
@@ -196,13 +203,10 @@ class BatchedScorer:
 
 def scorer_identity(path: str, scorer: Any) -> dict[str, Any]:
     """What /healthz says about the scorer: artifact, fingerprint (its files' digests), calibration, precision."""
-    from memprune.storage import is_uri
-    from memprune.work import digest, file_digest
+    from memprune.scorer import artifact_fingerprint
 
-    local = Path(scorer.source or path)
-    files = {} if is_uri(str(local)) else {p.name: file_digest(p) for p in sorted(local.iterdir()) if p.is_file()}
     cal = scorer.calibration
-    return {"path": path, "fingerprint": digest(files)[:16], "encoder": scorer.config.encoder,
+    return {"path": path, "fingerprint": artifact_fingerprint(scorer.source or path), "encoder": scorer.config.encoder,
             "stage": scorer.config.stage, "seed": scorer.config.seed, "precision": scorer.precision,
             "device": str(scorer.device),
             "calibration": None if cal is None else {"method": cal.method,
@@ -322,6 +326,30 @@ class MemPruneService:
         async with self.store_locks[req.store]:
             return await self._in_thread(self._prune_group, req, served, pruner)
 
+    @api.get("/v1/review/{store}/{page}/{path:path}", include_in_schema=False)
+    async def review(self, store: str, page: str, path: str) -> FileResponse:
+        """A review page /v1/prune wrote (and its data files): only under the unguessable address it answered."""
+        file = Path(self.cfg.review_dir) / store / page / path
+        if not (STORE_NAME.match(store) and REVIEW_ID.fullmatch(page) and (path == PAGE or REVIEW_PART.fullmatch(path))
+                and file.is_file()):
+            raise RequestError("no such review page (pages are kept for the newest review_keep prunes of a store)", 404)
+        return FileResponse(file, media_type="text/html" if path == PAGE else "text/javascript",
+                            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+                                     "Content-Security-Policy": REVIEW_CSP})
+
+    def _review(self, name: str, store: Any, decided: pa.Table, pruner: Any, applied: dict[str, Any] | None) -> str:
+        """Write this prune's review page under review_dir (the newest review_keep of the store kept); its address."""
+        import shutil
+
+        from memprune.stores.group import review_group
+
+        root = Path(self.cfg.review_dir) / name
+        page = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex}"
+        review_group(root / page, decided, store, pruner, applied)
+        for old in sorted(p for p in root.iterdir() if REVIEW_ID.fullmatch(p.name))[:-self.cfg.review_keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return f"/v1/review/{name}/{page}/{PAGE}"
+
     def _authorize(self, request: Request) -> None:
         token = os.environ.get(self.cfg.token_env)
         if not token:
@@ -351,12 +379,13 @@ class MemPruneService:
                 group = re.sub(r"[^A-Za-z0-9_-]", "_", req.group)[:40]
                 target = Path(self.cfg.archive_dir) / req.store / f"{stamp}-{group}-{uuid.uuid4().hex[:8]}"
                 done = apply_group(store, decided, target)
+            review = self._review(req.store, store, decided, pruner, done if req.apply else None) if req.review else None
         finally:
             store.close()
         keep = sum(decided.column("keep").to_pylist()) if decided.num_rows else 0
         return PruneResponse(store=req.store, group=req.group, applied=req.apply, kept=keep,
                              dropped=decided.num_rows - keep, archive=done.get("archive"),
-                             skipped=done.get("skipped", []), decisions=verdicts_of(decided))
+                             skipped=done.get("skipped", []), decisions=verdicts_of(decided), review=review)
 
 
 def build_app(cfg: ServeConfig) -> Any:

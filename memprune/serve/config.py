@@ -59,6 +59,10 @@ class ServeConfig(ConfigModel):
                                                        "changes; clients send the name")
     archive_dir: str = Field("serve-archive", description="where /v1/prune with apply writes its archives "
                                                           "(ARCHIVE_DIR/STORE/...; `memprune restore` takes one)")
+    review_dir: str = Field("serve-reviews", description="where /v1/prune with review writes its pages "
+                                                         "(REVIEW_DIR/STORE/ID/review.html, served at /v1/review/STORE/ID/; "
+                                                         "the newest review_keep per store are kept)")
+    review_keep: int = Field(100, ge=1, description="review pages kept per store (older ones are removed)")
     rule: PruneRule = Field(default_factory=PruneRule, description="the rule of a request that names none")
     judges: list[str] | None = Field(None, description="update judges a request's rule may name (supersede.judge); "
                                      "null: those that need no LLM, plus the judge of the server's rule. An LLM judge "

@@ -89,6 +89,8 @@ class PruneRequest(Request):
     rule: dict[str, Any] | None = Field(None, description=RULE)
     apply: bool = Field(False, description="archive then delete the dropped records (bearer token required); "
                                            "false: a dry run")
+    review: bool = Field(False, description="also write the decision's review page (every record, kept or why it "
+                                            "goes, what replaced it) and answer its address in `review`")
 
 
 class Skipped(BaseModel):
@@ -106,6 +108,8 @@ class PruneResponse(BaseModel):
     skipped: list[Skipped] = Field(default_factory=list, description="dropped records that apply left alone: "
                                    "someone changed or removed them between the decision and the apply")
     decisions: list[Verdict]
+    review: str | None = Field(None, description="with `review`: the page's path on this server (GET it; the "
+                                                 "address is unguessable; the newest review_keep pages of a store are kept)")
 
 
 class ErrorResponse(BaseModel):

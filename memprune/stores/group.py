@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from memprune.archive import write_archive
 from memprune.decision import PruneRule
+from memprune.prune.inputs import TIME as BULLET_TIME
 from memprune.stores.apply import archive_records, diff
 from memprune.stores.base import CHANGED, NORMAL, REMOVED, Store, text_hash
 from memprune.stores.config import StoreError
@@ -125,3 +126,29 @@ def apply_group(store: Store, decided: pa.Table, archive_dir: str | Path,
 
 def _skipped(stale: dict[str, str]) -> list[dict[str, str]]:
     return [{"id": i, "why": why} for i, why in stale.items()]
+
+
+def review_group(directory: str | Path, decided: pa.Table, store: Store, pruner: TablePruner,
+                 applied: dict[str, Any] | None = None) -> str:
+    """`directory/review.html` for one group's decision (`decide_group`'s table; `applied`: `apply_group`'s result,
+    None for a decision not applied): the service's `/v1/prune` with `review`, and `PrunedMemory.review`."""
+    from memprune.review import Layout, write_review
+
+    rule = rule_of(pruner)
+    scorer = getattr(pruner, "scorer", None)
+    group = decided.column("conversation_id")[0].as_py() if decided.num_rows else ""
+    kept = sum(decided.column("keep").to_pylist()) if decided.num_rows else 0
+    summary = {
+        "rule": {**rule.model_dump(mode="json"), "description": rule.describe()} if rule is not None
+        else {"description": "the service's rule"},
+        "result": {"label": f"{store.fields['group']} {group}: {kept} of {decided.num_rows} kept"},
+        "store": store.describe(), "dry_run": applied is None,
+        "apply": applied if applied and applied.get("archive") else None,
+        "scorer": {} if scorer is None else {"path": str(getattr(scorer, "source", "") or "in memory"),
+                                             "encoder": scorer.config.encoder, "stage": scorer.config.stage,
+                                             "seed": scorer.config.seed},
+    }
+    count = getattr(pruner, "count_tokens", None)
+    layout = Layout("bullet_id", ("conversation_id",), pin=PIN if PIN in decided.column_names else None,
+                    time=BULLET_TIME if BULLET_TIME in decided.column_names else None)
+    return write_review(directory, decided, layout, summary, str(directory), count)

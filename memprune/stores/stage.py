@@ -27,6 +27,7 @@ from memprune import prune
 from memprune.io import check_committed, write_jsonl, write_summary
 from memprune.outputs import OutputSet, check_out_location, check_out_outside
 from memprune.prune.report import render_markdown
+from memprune.review import PAGE
 from memprune.prune.split import write_split
 from memprune.prune.store import read_parquet
 from memprune.raysession import ensure_ray
@@ -118,6 +119,7 @@ def run_prune(config: StorePruneConfig) -> dict[str, Any]:
         if why is not None:
             raise StoreError(f"{out}: holds another decision ({why}); use a new --out; nothing was changed")
         summary["apply"] = apply_decision(store, out, summary, config.store)
+        write_store_review(out, pq.read_table((out / "decision.parquet").path, filesystem=out.fs), summary, str(out))
         return summary
     finally:
         store.close()
@@ -147,23 +149,24 @@ def _decide(store: Store, config: Any, out: Location) -> dict[str, Any]:
     started = time.perf_counter()
     # The inner job writes its table even for --dry-run: that table is the decision, and a store prune without
     # --apply changes nothing anyway.
-    exp, job, pruned = _job(store, config, out, rule=job_rule(config, store), emit="keep", dry_run=False)
+    exp, job, pruned = _job(store, config, out, rule=job_rule(config, store), emit="keep", dry_run=False,
+                            review_rows=0)
     if job.get("lifecycle") and "pin" in store.fields:  # prune.md/json name the store's pin column, not the staged one
         job = {**job, "lifecycle": {**job["lifecycle"], "pin_field": f"{store.fields['pin']} (store)"}}
     cols = {"id": pruned.column("bullet_id"), "group": pruned.column("conversation_id"), "time": pruned.column(TIME),
             "text": pruned.column("text"), "hash": pruned.column(HASH), "score": pruned.column("score"),
             "keep": pruned.column("keep"), "reason": pruned.column("reason").cast(pa.string()),
             "duplicate_of": pruned.column("duplicate_of").cast(pa.string())}
-    if "superseded_by" in pruned.column_names:
-        cols["superseded_by"] = pruned.column("superseded_by").cast(pa.string())
+    for name in ("superseded_by", "effective_score", PIN):  # with supersession, retention, pins
+        if name in pruned.column_names:
+            cols[name] = pruned.column(name)
     decision = pa.table(cols)
     rejected = [r for r in exp.rejects if r["id"]]
     if rejected:  # never decided, never touched: kept, with the reason
         n = len(rejected)
-        extra = {"id": [r["id"] for r in rejected], "group": [r["group"] for r in rejected], "time": [None] * n,
-                 "text": [None] * n, "hash": [None] * n, "score": pa.nulls(n, pa.float64()), "keep": [True] * n,
-                 "reason": [f"rejected: {r['reason']}" for r in rejected], "duplicate_of": [None] * n,
-                 **({"superseded_by": [None] * n} if "superseded_by" in cols else {})}
+        extra = {"id": [r["id"] for r in rejected], "group": [r["group"] for r in rejected],
+                 "keep": [True] * n, "reason": [f"rejected: {r['reason']}" for r in rejected]}
+        extra = {c: extra.get(c, pa.nulls(n, decision.schema.field(c).type)) for c in decision.column_names}
         decision = pa.concat_tables([decision, pa.table(extra, schema=decision.schema)])
     kept = int(pc.sum(pruned.column("keep")).as_py() or 0)
     summary = dict(job)
@@ -186,11 +189,23 @@ def _decide(store: Store, config: Any, out: Location) -> dict[str, Any]:
             summary["emitted"] = write_split(pruned, input_ids, STAGED.names, outputs.staging, outputs.loc,
                                              job["fingerprint"], {"input": config.input,
                                                                   "decision": summary["output"]["decision"]})
+        write_store_review(outputs.staging, decision, summary, str(out))
+        summary["emitted"] = {**summary["emitted"], "review": {"path": str(out / PAGE), "records": decision.num_rows}}
         shown = {**job, "emitted": summary["emitted"],
                  "output": {**job["output"], "store": str(out / "decision.parquet")}}
         write_summary(outputs.staging, "prune", summary, render_markdown(shown) + store_section(summary))
     _clean(out)
     return summary
+
+
+def write_store_review(directory: Any, decision: pa.Table, summary: dict[str, Any], out: str) -> str:
+    """review.html of a store's decision (`decision.parquet`'s rows; after `--apply`, with what was archived)."""
+    from memprune.review import Layout, write_review
+    from memprune.tokens import token_counter
+
+    pin = PIN if PIN in decision.column_names else None
+    count, _ = token_counter(summary["config"]["tokenizer"], summary["scorer"]["encoder"])
+    return write_review(directory, decision, Layout("id", ("group",), pin=pin, time="time"), summary, out, count)
 
 
 def group_counts(pruned: pa.Table, show: int = 20) -> dict[str, Any]:
