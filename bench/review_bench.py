@@ -12,6 +12,7 @@ system's Chromium (Playwright, `executable_path`; nothing downloaded) opens it f
 - size: review.html and its data files; the page's JS heap once open.
 
     python bench/review_bench.py                       # 10^5 records
+    python bench/review_bench.py --join 4                     # 10^5 records of about 170 characters: data files
     python bench/review_bench.py --records 20000 --runs 3
 """
 
@@ -36,8 +37,9 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networkin
 NOW = 1_735_689_600.0  # 2025-01-01: the synthetic sessions fall in 2023-2024
 
 
-def decided_table(records: int, seed: int) -> pa.Table:
-    """About `records` decided memories (whole synthetic conversations, cut to `records`)."""
+def decided_table(records: int, seed: int, join: int = 1) -> pa.Table:
+    """`records` decided memories (whole synthetic conversations, cut to `records`; `join`: each text the next
+    `join` bullet texts of its session joined, for memories as long as a Mem0 store's)."""
     from memprune.decision import Bullets, PruneRule, decide
     from memprune.synth import SynthSettings, synth_conversation
 
@@ -46,8 +48,10 @@ def decided_table(records: int, seed: int) -> pa.Table:
     i = 0
     while len(rows) < records:
         conv = synth_conversation(i, settings)
-        rows += [{"id": b.bullet_id, "group": f"{conv.conversation_id}/s{b.session_index}", "text": b.text,
-                  "dup": b.dup_source} for b in conv.bullets]
+        bullets = conv.bullets
+        rows += [{"id": b.bullet_id, "group": f"{conv.conversation_id}/s{b.session_index}",
+                  "text": " ".join(x.text for x in bullets[k:k + join] if x.session_index == b.session_index),
+                  "dup": b.dup_source} for k, b in enumerate(bullets)]
         i += 1
     rows = rows[:records]
     rng = np.random.default_rng(seed)
@@ -127,6 +131,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=3, help="browser opens (the median is reported)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--join", type=int, default=1, help="texts of this many bullets joined per record (longer texts)")
     ap.add_argument("--out", type=Path, default=None, help="keep the page here (default: a temporary directory)")
     args = ap.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -135,7 +140,7 @@ def main() -> None:
     from memprune.review import PARTS, Layout, write_review
 
     t = time.perf_counter()
-    table = decided_table(args.records, args.seed)
+    table = decided_table(args.records, args.seed, args.join)
     made_s = time.perf_counter() - t
     summary = {"rule": {"policy": "rule", "threshold": 0.35, "top_k": 8,
                         "description": "rule: score >= 0.35, top 8 per session; duplicates merged; max age 540d"},
@@ -149,7 +154,8 @@ def main() -> None:
     parts = sorted((out / PARTS).glob("*.js")) if (out / PARTS).is_dir() else []
     runs = [measure(page, table, chromium) for _ in range(args.runs)]
     median = {k: float(np.median([r[k] for r in runs])) if runs[0][k] is not None else None for k in runs[0]}
-    result = {"records": table.num_rows, "dropped": int((~np.asarray(table.column("keep"))).sum()),
+    chars = float(np.mean([len(t) for t in table.column("text").to_pylist()]))
+    result = {"records": table.num_rows, "mean_text_chars": round(chars, 1), "dropped": int((~np.asarray(table.column("keep"))).sum()),
               "groups": len(set(table.column("group").to_pylist())), "decide_s": round(made_s, 2),
               "write_s": round(write_s, 2), "page_mb": round(page.stat().st_size / 1e6, 2),
               "data_files": len(parts), "data_files_mb": round(sum(p.stat().st_size for p in parts) / 1e6, 2),

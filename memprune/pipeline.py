@@ -152,7 +152,8 @@ def _step(step: str, cfg: PipelineConfig, dirs: dict[str, str]) -> dict[str, Any
                             "pipeline prune"))
     headline = {"rows_in": result["input"]["rows"], "rows_out": result["output"]["rows"],
                 "bullet_reduction_pct": result["result"]["bullet_reduction_pct"],
-                "token_reduction_pct": result["result"]["token_reduction_pct"]}
+                "token_reduction_pct": result["result"]["token_reduction_pct"],
+                "review": (result["emitted"].get("review") or {}).get("path")}
     return headline | _emptied(result)
 
 

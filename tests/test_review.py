@@ -169,6 +169,7 @@ def test_a_stores_page_links_updates_finds_text_runs_nothing_and_its_ids_restore
     page.fill("#q", "choir")
     page.locator("tr.rec[data-id='n6']").wait_for()
     assert page.locator("#shown").get_attribute("data-n") == "1"
+    assert page.locator("tr.rec[data-id='n6'] td.tm").inner_text() == "2023-01-01"  # the store's time, read as one
     # exactly the superseded records, each linked to what superseded it; the link leads there
     decision = {r["id"]: r for r in pq.read_table(out / "decision.parquet").to_pylist()}
     superseded = {i: r["superseded_by"] for i, r in decision.items() if r["reason"] == "superseded"}
@@ -179,6 +180,7 @@ def test_a_stores_page_links_updates_finds_text_runs_nothing_and_its_ids_restore
     page.locator(f"#shown[data-n='{len(superseded)}']").wait_for()
     rows = page.locator("tr.rec").all()
     assert {r.get_attribute("data-id"): r.locator("a.replaced-by").get_attribute("data-target") for r in rows} == superseded
+    assert rows[0].locator("a.replaced-by").inner_text() == "Nora lives in Oslo."  # shown by its text
     rows[0].locator("a.replaced-by").click()
     assert page.locator("tr.rec.focus").get_attribute("data-id") == "n5"
     assert page.locator("tr.rec.focus a.replaces").get_attribute("data-target") == "n1"  # and back

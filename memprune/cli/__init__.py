@@ -419,6 +419,10 @@ def quickstart(
     console.rule("[bold]memprune quickstart: done")
     console.print(Markdown(headline(summary["report"].rsplit("/", 1)[0])))
     console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)
+    review = summary["steps"].get("prune", {}).get("review")
+    if review:
+        console.print(f"review: {review} (the prune step's decision, record by record, in any browser)",
+                      highlight=False, soft_wrap=True)
 
 
 @app.command()

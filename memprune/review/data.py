@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from memprune.times import epoch_seconds, parse_time
 
 HIST_BINS = 40
 WORST_GROUPS = 12
@@ -43,15 +44,24 @@ def _column(table: pa.Table, name: str | None) -> list[Any] | None:
 
 
 def _times(table: pa.Table, name: str | None) -> list[float | None] | None:
-    """A time column as epoch seconds (a timestamp, a number, or None where it has none)."""
+    """A time column as epoch seconds (timestamps, dates, Unix seconds or ISO 8601 text; None where a record has
+    none or its value is not a time: the page shows, it does not judge)."""
     if name is None or name not in table.column_names:
         return None
     col = table.column(name)
-    if pa.types.is_timestamp(col.type):
-        col = pc.divide(pc.cast(pc.cast(col, pa.timestamp("us", tz=col.type.tz)), pa.int64()), 1e6)
-    elif not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
-        return None  # text times are shown by the store, not ordered here
-    return [None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v) for v in col.to_pylist()]
+    if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type):
+        secs = epoch_seconds(col, name, [])
+    else:
+        seen: dict[Any, float] = {}
+        secs = np.array([seen.setdefault(v, _seconds(v)) for v in col.to_pylist()], dtype=np.float64)
+    return [None if math.isnan(v) else float(v) for v in secs.tolist()]
+
+
+def _seconds(value: Any) -> float:
+    try:
+        return parse_time(value).timestamp() if value is not None else math.nan
+    except (ValueError, OverflowError, OSError, TypeError):
+        return math.nan
 
 
 def records(table: pa.Table, layout: Layout, count: Callable[[Sequence[str]], np.ndarray] | None = None

@@ -145,8 +145,9 @@
     render();
   }
 
-  function link(i, cls, label) {
-    return el("a", { href: "#records", cls, "data-target": R.id[i], text: label,
+  const short = (t) => (t.length > 70 ? t.slice(0, 69) + "…" : t);
+  function link(i, cls) {  // to record i, shown by its text (its id on hover)
+    return el("a", { href: "#records", cls, "data-target": R.id[i], title: R.id[i], text: short(R.text[i]),
       onclick: (e) => { e.preventDefault(); focus(i); } });
   }
 
@@ -156,13 +157,13 @@
     const fate = R.keep[i] ? el("span", { cls: "kept", text: R.pinned[i] ? "kept (pinned)" : "kept" })
       : el("span", { cls: "dropped", text: R.reason[i] || "dropped" });
     const links = el("div", { cls: "links" });
-    for (const [col, word] of [["duplicate_of", "duplicate of "], ["superseded_by", "superseded by "]]) {
+    for (const [col, word] of [["duplicate_of", "duplicate of: "], ["superseded_by", "superseded by: "]]) {
       const t = R[col][i];
-      if (t != null && byId.has(t)) links.append(el("div", {}, word, link(byId.get(t), "replaced-by", t)));
+      if (t != null && byId.has(t)) links.append(el("div", {}, word, link(byId.get(t), "replaced-by")));
     }
     for (const j of replaces.get(i) || []) {
-      links.append(el("div", {}, R.superseded_by[j] === R.id[i] ? "supersedes " : "represents ",
-        link(j, "replaces", R.id[j])));
+      links.append(el("div", {}, R.superseded_by[j] === R.id[i] ? "supersedes: " : "represents: ",
+        link(j, "replaces")));
     }
     return el("tr", { cls: "rec" + (R.keep[i] ? "" : " is-dropped"), "data-id": R.id[i], id: "r-" + i },
       el("td", {}, box), el("td", { cls: "grp", text: R.group[i] }), el("td", { cls: "rid", text: R.id[i] }),
