@@ -76,6 +76,20 @@ def test_the_data_cannot_close_its_script_element_and_big_stores_get_data_files(
     assert len(parts) > 1 and 'src="review-data/part-00000.js"' in (tmp_path / "big" / "review.html").read_text()
     ids = [i for p in parts for i in json.loads(p.read_text().split(".push(", 1)[1].rsplit(");", 1)[0])["id"]]
     assert ids == table.column("id").to_pylist()
+    # `memprune review --open`: the page and its data files on 127.0.0.1, nothing else of OUT
+    import httpx
+
+    from memprune.stores.review import serve_page
+
+    (tmp_path / "big" / "prune.json").write_text("{}")
+    server, url = serve_page(str(tmp_path / "big"))
+    try:
+        assert url.startswith("http://127.0.0.1:") and httpx.get(url).status_code == 200
+        base = url.rsplit("/", 1)[0]
+        assert httpx.get(f"{base}/review-data/part-00000.js").status_code == 200
+        assert [httpx.get(f"{base}/{p}").status_code for p in ("prune.json", "review-data/../prune.json")] == [404, 404]
+    finally:
+        server.shutdown()
 
 
 # ----------------------------------------------------------------- in the browser
