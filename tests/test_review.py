@@ -222,3 +222,32 @@ def test_a_stores_page_links_updates_finds_text_runs_nothing_and_its_ids_restore
     ids_file.write_text("\n".join(ids) + "\n")
     _run("restore", "--archive", archive, "--ids", ids_file)
     assert {row["mid"] for row in csv.DictReader(notes.open())} == left | set(dropped[:2])
+
+
+@pytest.mark.slow
+def test_ids_exported_from_the_page_are_kept_by_the_next_decision(scorer_dir, ray_local, tmp_path) -> None:
+    """The page is where a decision is corrected: ids it exports, given to --keep-ids, are kept whatever the
+    decision says (as pins), the rest decided as before; an id the store lacks is one line, nothing decided."""
+    notes = tmp_path / "notes.csv"
+    with notes.open("w", newline="") as f:
+        csv.writer(f).writerows([["mid", "memory", "user", "created", "starred"], *NOTES])
+    args = ["prune", "--scorer", scorer_dir, "--input", f"table:{notes}", "--map", MAP, "--threshold", "0",
+            "--top-k", "4", "--supersede", "slot", "--max-age", "400d", "--now", NOW, "--set", "progress=false"]
+    _run(*args, "--out", tmp_path / "first")
+    first = {r["id"]: r for r in pq.read_table(tmp_path / "first" / "decision.parquet").to_pylist()}
+    dropped = sorted(i for i, r in first.items() if not r["keep"])
+    assert {"n1", "n6"} <= set(dropped)  # superseded, expired
+    ids = tmp_path / "memprune-ids.txt"
+    ids.write_text("# kept after review\nn1\nn6\n")
+    printed = _run(*args, "--out", tmp_path / "second", "--keep-ids", ids)
+    second = {r["id"]: r for r in pq.read_table(tmp_path / "second" / "decision.parquet").to_pylist()}
+    assert second["n1"]["keep"] and second["n6"]["keep"]
+    assert {i for i, r in second.items() if not r["keep"]} == set(dropped) - {"n1", "n6"}
+    summary = json.loads((tmp_path / "second" / "prune.json").read_text())
+    assert summary["lifecycle"]["keep_ids"] == {"file": str(ids), "ids": 2} and "Kept ids" in printed + (
+        tmp_path / "second" / "prune.md").read_text()
+    assert summary["fingerprint"] != json.loads((tmp_path / "first" / "prune.json").read_text())["fingerprint"]
+    ids.write_text("n1\nnot-a-record\n")
+    result = CliRunner().invoke(app, [str(a) for a in (*args, "--out", tmp_path / "third", "--keep-ids", ids)])
+    assert result.exit_code != 0 and "not-a-record" in result.output and "not in the store" in result.output
+    assert not (tmp_path / "third" / "prune.json").exists()

@@ -73,6 +73,8 @@ def prune(
     map_: Optional[str] = typer.Option(None, "--map", help="External store columns: id=COL,text=COL,group=COL,time=COL."),
     apply: bool = typer.Option(False, "--apply", help="External store: archive, then delete the dropped records of the "
                                                       "decision in --out (decide without --apply first; name the policy)."),
+    keep_ids: Optional[Path] = typer.Option(None, "--keep-ids", help="A file of ids to keep whatever the decision "
+                                            "says (one per line: the review page's export), as if pinned."),
     apply_flag: bool = typer.Option(False, "--apply-flag", help="External store: set memprune_keep/memprune_score instead."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
@@ -87,7 +89,8 @@ def prune(
     values = {"scorer": scorer, "input": input, "out": out, "rule.threshold": threshold, "rule.group_by": group_by,
               "rule.policy": policy, "rule.budget_tokens": budget_tokens, "rule.fraction": fraction,
               "rule.min_keep": min_keep, "rule.floor": floor, "rule.dedup_threshold": dedup_threshold,
-              "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score}
+              "rule.dedup": False if no_dedup else None, "dry_run": True if dry_run else None, "emit": emit, "score": score,
+              "keep_ids": None if keep_ids is None else str(keep_ids)}
     values |= _store_values(map_, "flag" if apply_flag else "delete" if apply else None)
     values |= _lifecycle_values(pin_field, half_life, recall_boost, max_age, now, usage_log)
     values |= _supersede_values(supersede, supersede_scope, supersede_subject, supersede_band, supersede_llm)

@@ -58,6 +58,8 @@ class PruneSettings(ScoringRuntime):
     preview_groups: int = Field(20, ge=0, description="dry run: about this many groups (a hash sample) in preview.jsonl")
     review_rows: int = Field(1_000_000, ge=0, description="review.html for stores of up to this many bullets (the page "
                              "holds every record; past 20 MB in data files beside it); 0 = no page")
+    keep_ids: str | None = Field(None, description="a file of bullet ids (one per line, # comments: the review page's "
+                                 "export) kept whatever the decision says, as if pinned: the review's corrections")
     emit: Literal["keep", "split"] = Field(
         "keep", description="keep: pruned/ (every bullet + score, keep, reason); split: also kept/ (the kept bullets, "
         "input columns) and dropped/ (the archive: score, reason, run fingerprint; `memprune restore`)")

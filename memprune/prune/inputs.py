@@ -1,14 +1,16 @@
 """The decision's inputs beyond scores, texts and embeddings, read from a table's columns or from bullets given as
 mappings: pins, times, recalls and the supersession scope (`Bullets` fields).
 
-- **pinned** (`PruneRule.pin_field`, a boolean column or mapping key): never dropped by any step;
+- **pinned** (`PruneRule.pin_field`, a boolean column or mapping key, and the ids of `--keep-ids`): never dropped
+  by any step;
 - **the reference time**: the last access (from a usage log) if known, else the bullet's own `time`,
   else its session's time (`session_time`, or the corpus's sessions table); NaN unknown;
 - **recalls**: how often the bullet was used (usage-log events with `used` true or `weight` > 0);
 - **supersession**: the scope (the rule's `supersede.keys`), the subject column, the bullet's own time (else its
   session's) and its session index.
 
-`Lives` holds what comes from outside the rows (the usage log, the corpus's session times), read once.
+`Lives` holds what comes from outside the rows (the usage log, the corpus's session times, the kept ids), read
+once.
 """
 
 from __future__ import annotations
@@ -75,12 +77,13 @@ class Lives:
 
     usage: Usage | None = None
     session_times: Mapping[tuple[Any, Any], float] | None = None
+    keep: frozenset[str] | None = None  # ids kept whatever the decision (`--keep-ids`): pinned for this run
 
     def fields(self, columns: Mapping[str, Any], n: int, rule: PruneRule) -> dict[str, Any]:
         """The `Bullets` fields `rule` needs of n bullets, from their columns (a name -> Arrow column or list of
         values): `pinned`; with retention `since` and `recalls`; with supersession `scope`, `subject`, `when` and
-        `session`. Empty when the rule needs none of them (`rule.needs_life`)."""
-        if not rule.needs_life:
+        `session`. Empty when the rule needs none of them (`rule.needs_life`) and no ids are kept (`keep`)."""
+        if not rule.needs_life and not self.keep:
             return {}
         ids = _values(columns["bullet_id"]) if "bullet_id" in columns else [f"bullets[{i}]" for i in range(n)]
         out: dict[str, Any] = {}
@@ -88,6 +91,9 @@ class Lives:
             if rule.pin_field not in columns:
                 raise LifecycleError(f"pin field {rule.pin_field!r}: no such column (columns: {', '.join(columns)})")
             out["pinned"] = pin_mask(columns[rule.pin_field], rule.pin_field, ids)
+        if self.keep:
+            kept = np.fromiter((str(i) in self.keep for i in ids), dtype=bool, count=n)
+            out["pinned"] = out["pinned"] | kept if "pinned" in out else kept
         own = session = None
         if rule.needs_times:
             own = epoch_seconds(columns[TIME], TIME, ids) if TIME in columns else None

@@ -106,6 +106,9 @@ def lifecycle_lines(life: dict[str, Any] | None, result: dict[str, Any]) -> list
     if life.get("pin_field"):
         lines.append(f"Pins: column `{life['pin_field']}`; {life['pinned']} pinned bullets, all kept "
                      f"({result.get('kept_by_pin', 0)} of them a step would have dropped).")
+    if life.get("keep_ids"):
+        lines.append(f"Kept ids: `{life['keep_ids']['file']}`, {life['keep_ids']['ids']} bullets kept whatever the "
+                     "decision said (pinned for this run; `--keep-ids`).")
     if life.get("supersede"):
         sup = life["supersede"]
         high = "the dedup threshold" if sup["high"] is None else f"{sup['high']:g}"

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
+from memprune.archive import ArchiveError, read_ids
 from memprune.calibration import CalibrationError, resolve_score_mode
 from memprune.decision import PruneError, PruneRule
 from memprune.decision.supersede import JUDGED
@@ -92,6 +93,8 @@ def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: lis
                "input": [(f.path, f.num_rows, *location(f.path).stamp()) for f in files]}
     if config.usage_log is not None:
         payload["usage_log"] = [(str(f), file_digest(f)) for f in usage_files(config.usage_log)]
+    if config.keep_ids is not None:  # the ids themselves: the same file edited is another decision
+        payload["keep_ids"] = sorted(read_keep_ids(config.keep_ids))
     sup = config.rule.supersede
     if sup.llm_config is not None or sup.llm is not None:  # the LLM update judge: its config's contents, not its path
         payload["update_llm"] = sup.llm_settings().model_dump(mode="json")
@@ -110,14 +113,39 @@ def carried_columns(config: PruneConfig, files: list[Any]) -> list[str] | None:
     return [*config.columns, *(c for c in wanted if c and c in names and c not in config.columns)]
 
 
+def read_keep_ids(path: str) -> frozenset[str]:
+    """The ids of a `--keep-ids` file (one per line, `#` comments: the review page's export)."""
+    try:
+        return frozenset(read_ids(path))
+    except ArchiveError as exc:
+        raise PruneError(f"--keep-ids: {exc}") from None
+
+
+def check_keep_ids(config: PruneConfig, files: list[Any]) -> tuple[frozenset[str] | None, dict[str, Any]]:
+    """The `--keep-ids` file read and checked against the store (an id it lacks is an error naming it); with what
+    prune.json records."""
+    if config.keep_ids is None:
+        return None, {}
+    keep = read_keep_ids(config.keep_ids)
+    known = set(pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
+                                  .column(0).cast(pa.string()).chunks], pa.string()).to_pylist())
+    unknown = sorted(keep - known)
+    if unknown:
+        raise PruneError(f"--keep-ids {config.keep_ids}: {len(unknown)} id(s) not in the store "
+                         f"({', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}); nothing was decided")
+    return keep, {"keep_ids": {"file": config.keep_ids, "ids": len(keep)}}
+
+
 def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
                 now_given: bool) -> tuple[Any, dict[str, Any] | None]:
-    """Before any work: the pin field is a boolean column, every `time` is a time, the usage log names only
-    bullets of the store; read the log and the corpus's session times for the actors. (None, None) when the
-    rule has neither pins nor retention; else what the actors need and what prune.json records."""
+    """Before any work: the pin field is a boolean column, every `time` is a time, the usage log and the kept ids
+    name only bullets of the store; read the log and the corpus's session times for the actors. (None, None) when
+    the rule has neither pins nor retention and no ids are kept; else what the actors need and what prune.json
+    records."""
     rule = config.rule
+    keep, kept_info = check_keep_ids(config, files)
     if not rule.needs_life:
-        return None, None
+        return (Lives(keep=keep), kept_info) if keep is not None else (None, None)
     if rule.pin_field is not None:
         if rule.pin_field not in schema.names:
             raise PruneError(f"--pin-field {rule.pin_field}: the store has no column {rule.pin_field!r} "
@@ -126,7 +154,7 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
         if not pa.types.is_boolean(got):
             raise PruneError(f"--pin-field {rule.pin_field}: column {rule.pin_field!r} has type {got}, expected bool "
                              f"({files[0].path})")
-    info: dict[str, Any] = {"pin_field": rule.pin_field}
+    info: dict[str, Any] = {"pin_field": rule.pin_field, **kept_info}
     if rule.supersede.on:
         missing = [c for c in (*rule.supersede.keys, rule.supersede.subject) if c not in schema.names]
         if missing:
@@ -135,7 +163,7 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
                              f"({files[0].path}; columns: {', '.join(schema.names)})")
         info["supersede"] = rule.supersede.model_dump(mode="json")
     if not rule.needs_times:
-        return Lives(), info
+        return Lives(keep=keep), info
     try:
         for name in (TIME, SESSION_TIME):  # parse once here, so that a bad time is one line before any work
             if name in schema.names:
@@ -162,7 +190,7 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
              "time_columns": [n for n in (TIME, SESSION_TIME) if n in schema.names],
              "session_times": len(session_times or {}), "usage_log": config.usage_log,
              "usage_events": usage.events if usage else 0, "recalled_bullets": len(usage.recalls) if usage else 0}
-    return Lives(usage, session_times or None), info
+    return Lives(usage, session_times or None, keep), info
 
 
 def write_preview(path: Path, preview: pa.Table | None, keys: list[str]) -> int:

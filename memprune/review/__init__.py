@@ -57,6 +57,9 @@ def meta_of(summary: dict[str, Any], out: str) -> dict[str, Any]:
                         f"stage {scorer.get('stage') or '–'}, seed {scorer.get('seed')})"),
              ("scores", (summary.get("score") or {}).get("used", "raw")), ("tokens", tokens),
              ("ages at (--now)", life.get("now") or "–"), ("decision fingerprint", summary.get("fingerprint", "–"))]
+    if life.get("keep_ids"):
+        facts.append(("kept ids (--keep-ids)", f"{life['keep_ids']['file']}: {life['keep_ids']['ids']} records kept "
+                                               "whatever the decision said"))
     archive = (applied or {}).get("archive") or ((summary.get("emitted") or {}).get("dropped") or {}).get("path")
     apply = None
     if archive:
@@ -67,7 +70,8 @@ def meta_of(summary: dict[str, Any], out: str) -> dict[str, Any]:
     return {"title": f"memprune review: {source}", "subtitle": f"{state} · {result.get('label', '')} · {written_at()}",
             "rule": rule.get("description", ""), "facts": facts, "cut": cut, "cut_note": cut_note,
             "now_epoch": parse_time(now).timestamp() if now else None, "apply": apply,
-            "restore_ids": f"memprune restore --archive {archive or 'ARCHIVE'} --ids memprune-ids.txt",
+            "restore_ids": f"memprune restore --archive {archive} --ids memprune-ids.txt" if archive else
+            "memprune prune ... --keep-ids memprune-ids.txt (decide again keeping them; then --apply)",
             "pins": bool(rule.get("pin_field") or (store or {}).get("map", {}).get("pin"))}
 
 
