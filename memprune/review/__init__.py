@@ -54,7 +54,8 @@ def meta_of(summary: dict[str, Any], out: str) -> dict[str, Any]:
               if result.get("tokens_total_before") is not None else "–")
     facts = [("input", source), ("output", out),
              ("scorer", f"{scorer.get('path')} (fingerprint {scorer.get('fingerprint', '–')}; {scorer.get('encoder')}; "
-                        f"stage {scorer.get('stage') or '–'}, seed {scorer.get('seed')})"),
+                        f"stage {scorer.get('stage') or '–'}, seed {scorer.get('seed')})" if scorer
+              else "the service's (memprune serve)"),
              ("scores", (summary.get("score") or {}).get("used", "raw")), ("tokens", tokens),
              ("ages at (--now)", life.get("now") or "–"), ("decision fingerprint", summary.get("fingerprint", "–"))]
     if life.get("keep_ids"):
