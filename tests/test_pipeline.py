@@ -87,6 +87,9 @@ def test_the_prune_step_warns_when_pruning_empties_groups(
     assert squeeze(f"warning: {warning}") in squeeze(capsys.readouterr().err)
     assert summary["steps"]["prune"]["warning"] == warning
     assert json.loads((tmp_path / "pipeline.json").read_text())["steps"]["prune"]["warning"] == warning
+    # the review page, though LoCoMo's session times ('1:56 pm on 8 May, 2023') are no times it can show
+    assert summary["steps"]["prune"]["review"] == str(tmp_path / "prune" / "review.html")
+    assert (tmp_path / "prune" / "review.html").is_file()
 
 
 @pytest.mark.slow

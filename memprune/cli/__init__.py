@@ -418,11 +418,11 @@ def quickstart(
         summary = run(quickstart_config(str(out), data, set_))
     console.rule("[bold]memprune quickstart: done")
     console.print(Markdown(headline(summary["report"].rsplit("/", 1)[0])))
-    console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)
     review = summary["steps"].get("prune", {}).get("review")
     if review:
         console.print(f"review: {review} (the prune step's decision, record by record, in any browser)",
                       highlight=False, soft_wrap=True)
+    console.print(f"report: {summary['report']}  ({summary['seconds']:.0f} s)", highlight=False)
 
 
 @app.command()

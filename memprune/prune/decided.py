@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from memprune.errors import MemPruneError
 from memprune.prune.config import PruneConfig
-from memprune.prune.inputs import SESSION_TIME, TIME
+from memprune.prune.inputs import SESSION_TIME, TIME, corpus_session_times
 from memprune.prune.job import DECISION_COLUMNS
 from memprune.prune.store import read_parquet
 from memprune.tokens import token_counter
@@ -29,6 +30,15 @@ def decided(files: list[Any], names: list[str], config: PruneConfig) -> pa.Table
     columns = [c for c in dict.fromkeys([*config.decision_carry, *DECISION_COLUMNS]) if c in names]
     tables = [read_parquet(f, columns=columns) for f in files]
     return pa.concat_tables(tables) if tables else pa.table({c: [] for c in columns})
+
+
+def shown_session_times(paths: list[Any]) -> dict[tuple[Any, Any], float] | None:
+    """The corpus's session times for the page only (`corpus_session_times`), None where there are none or they
+    are not times (a LoCoMo corpus's '1:56 pm on 8 May, 2023'): the page shows ages, it never fails a run."""
+    try:
+        return corpus_session_times(paths)
+    except (MemPruneError, OSError):
+        return None
 
 
 def review_times(table: pa.Table, sessions: Mapping[tuple[Any, Any], float] | None) -> pa.Table:

@@ -29,7 +29,7 @@ from memprune.io import write_jsonl, write_summary
 from memprune.outputs import OutputSet, check_out_location, check_out_outside
 from memprune.prune.config import PruneConfig
 from memprune.prune.inputs import SESSION_TIME, TIME, Lives, corpus_session_times
-from memprune.prune.decided import decided, write_run_review
+from memprune.prune.decided import decided, shown_session_times, write_run_review
 from memprune.prune.job import DECISION_DIR, Job, decision_block, preview_block
 from memprune.prune.report import render_markdown
 from memprune.prune.split import write_split
@@ -429,7 +429,7 @@ def _run_into(run: Run, outputs: OutputSet) -> dict[str, Any]:
         emitted["review"] = {"path": outputs.final(PAGE), "records": review.num_rows}
         lives = run.job.lives if run.job else None
         write_run_review(outputs.staging, review, summary, config,
-                         (lives.session_times if lives else None) or corpus_session_times([f.path for f in files]),
+                         (lives.session_times if lives else None) or shown_session_times([f.path for f in files]),
                          str(config.out))
     else:
         run.notes.append(f"no review.html: {plan.rows} bullets, more than review_rows {config.review_rows}")

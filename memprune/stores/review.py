@@ -16,8 +16,7 @@ from typing import Any
 from memprune.errors import MemPruneError
 from memprune.io import check_committed
 from memprune.prune.config import PruneConfig
-from memprune.prune.decided import decided, write_run_review
-from memprune.prune.inputs import corpus_session_times
+from memprune.prune.decided import decided, shown_session_times, write_run_review
 from memprune.prune.job import DECISION_DIR
 from memprune.prune.store import STORE_DIR, list_store_files, parquet_file
 from memprune.review import PAGE, PARTS
@@ -47,7 +46,7 @@ def review_output(out: str) -> str:
         raise StoreError(f"{where}: no decision here (its files were moved or deleted)")
     names = parquet_file(files[0]).schema_arrow.names
     try:
-        sessions = corpus_session_times(list_store_files(config.input))
+        sessions = shown_session_times(list_store_files(config.input))
     except (MemPruneError, OSError):  # the input may be gone since; the page then shows no session times
         sessions = None
     write_run_review(loc, decided(files, names, config), summary, config, sessions, out)
