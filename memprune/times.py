@@ -58,10 +58,12 @@ def parse_time(value: Any) -> dt.datetime:
     raise ValueError(f"time of type {type(value).__name__}")
 
 
-def epoch_seconds(values: Sequence[Any] | pa.Array | pa.ChunkedArray, column: str, ids: Sequence[Any]) -> np.ndarray:
+def epoch_seconds(values: Sequence[Any] | pa.Array | pa.ChunkedArray, column: str, ids: Sequence[Any],
+                  strict: bool = True) -> np.ndarray:
     """Times (ISO 8601 text, timestamps, dates or Unix seconds; null = unknown) as epoch seconds, NaN unknown.
 
-    A value that is not a time is a `TimeError` naming the column and the record (`ids[i]`).
+    A value that is not a time is a `TimeError` naming the column and the record (`ids[i]`); with `strict` False it
+    is unknown (NaN) instead (what only shows times, never judges them: the review page).
     """
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         if pa.types.is_date(values.type):
@@ -83,7 +85,9 @@ def epoch_seconds(values: Sequence[Any] | pa.Array | pa.ChunkedArray, column: st
         try:
             t = parse_time(v).timestamp()
         except (ValueError, OverflowError, OSError, TypeError):
-            raise TimeError(f"column {column!r}: {v!r} (record {ids[i]!r}) is not a time ({TIME_HINT})") from None
+            if strict:
+                raise TimeError(f"column {column!r}: {v!r} (record {ids[i]!r}) is not a time ({TIME_HINT})") from None
+            t = math.nan
         out[i] = t
         if key is not None:
             seen[key] = t

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from memprune.errors import MemPruneError
 from memprune.prune.config import PruneConfig
-from memprune.prune.inputs import SESSION_TIME, TIME, corpus_session_times
+from memprune.prune.inputs import SESSION_TIME, TIME, corpus_session_times, first_known
 from memprune.prune.job import DECISION_COLUMNS
 from memprune.prune.store import read_parquet
 from memprune.tokens import token_counter
@@ -52,12 +52,8 @@ def review_times(table: pa.Table, sessions: Mapping[tuple[Any, Any], float] | No
     if sessions and {"conversation_id", "session_index"} <= set(table.column_names):
         keys = zip(table.column("conversation_id").to_pylist(), table.column("session_index").to_pylist())
         given.append(np.fromiter((sessions.get(k, np.nan) for k in keys), dtype=np.float64, count=n))
-    if not given:
-        return table
-    times = np.full(n, np.nan)
-    for t in given:
-        times = np.where(np.isnan(times), t, times)
-    if np.isnan(times).all():
+    times = first_known(*given)
+    if times is None or np.isnan(times).all():
         return table
     return table.append_column(REVIEW_TIME, pa.array(times, pa.float64(), mask=np.isnan(times)))
 

@@ -44,6 +44,7 @@ from memprune.prune.store import (
     parquet_file,
     plan_store,
     read_parquet,
+    store_ids,
 )
 from memprune.raysession import ensure_ray
 from memprune.review import PAGE
@@ -84,9 +85,11 @@ def output_types(rule: PruneRule) -> dict[str, pa.DataType]:
     return {"score": pa.float64(), **extra, "keep": pa.bool_(), "reason": pa.string(), "duplicate_of": pa.string()}
 
 
-def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: list[Any]) -> str:
+def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: list[Any],
+                    keep: frozenset[str] | None) -> str:
     """What the decision depends on (rule, scorer, input files' sizes and times, token unit; with retention its
-    resolved `now` and the usage log; the LLM update judge's config), as 16 hex digits."""
+    resolved `now` and the usage log; the ids kept (`keep`, read from `--keep-ids`); the LLM update judge's config),
+    as 16 hex digits."""
     payload = {"rule": config.rule.model_dump(mode="json"), "score": config.score, "scorer": scorer_info,
                "tokenizer": config.tokenizer,
                "limit_rows": config.limit_rows, "columns": config.columns,
@@ -94,7 +97,7 @@ def run_fingerprint(config: PruneConfig, scorer_info: dict[str, Any], files: lis
     if config.usage_log is not None:
         payload["usage_log"] = [(str(f), file_digest(f)) for f in usage_files(config.usage_log)]
     if config.keep_ids is not None:  # the ids themselves: the same file edited is another decision
-        payload["keep_ids"] = sorted(read_keep_ids(config.keep_ids))
+        payload["keep_ids"] = sorted(keep or ())
     sup = config.rule.supersede
     if sup.llm_config is not None or sup.llm is not None:  # the LLM update judge: its config's contents, not its path
         payload["update_llm"] = sup.llm_settings().model_dump(mode="json")
@@ -113,22 +116,15 @@ def carried_columns(config: PruneConfig, files: list[Any]) -> list[str] | None:
     return [*config.columns, *(c for c in wanted if c and c in names and c not in config.columns)]
 
 
-def read_keep_ids(path: str) -> frozenset[str]:
-    """The ids of a `--keep-ids` file (one per line, `#` comments: the review page's export)."""
-    try:
-        return frozenset(read_ids(path))
-    except ArchiveError as exc:
-        raise PruneError(f"--keep-ids: {exc}") from None
-
-
-def check_keep_ids(config: PruneConfig, files: list[Any]) -> tuple[frozenset[str] | None, dict[str, Any]]:
-    """The `--keep-ids` file read and checked against the store (an id it lacks is an error naming it); with what
-    prune.json records."""
+def check_keep_ids(config: PruneConfig, known: set[str]) -> tuple[frozenset[str] | None, dict[str, Any]]:
+    """The `--keep-ids` file (one id per line, `#` comments: the review page's export) read and checked against
+    the store's ids `known` (an id it lacks is an error naming it); with what prune.json records."""
     if config.keep_ids is None:
         return None, {}
-    keep = read_keep_ids(config.keep_ids)
-    known = set(pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
-                                  .column(0).cast(pa.string()).chunks], pa.string()).to_pylist())
+    try:
+        keep = frozenset(read_ids(config.keep_ids))
+    except ArchiveError as exc:
+        raise PruneError(f"--keep-ids: {exc}") from None
     unknown = sorted(keep - known)
     if unknown:
         raise PruneError(f"--keep-ids {config.keep_ids}: {len(unknown)} id(s) not in the store "
@@ -143,7 +139,9 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
     the rule has neither pins nor retention and no ids are kept; else what the actors need and what prune.json
     records."""
     rule = config.rule
-    keep, kept_info = check_keep_ids(config, files)
+    # the store's ids, read once for what names bullets from outside it (the kept ids, the usage log)
+    known = set(store_ids(files).to_pylist()) if config.keep_ids or (config.usage_log and rule.needs_times) else set()
+    keep, kept_info = check_keep_ids(config, known)
     if not rule.needs_life:
         return (Lives(keep=keep), kept_info) if keep is not None else (None, None)
     if rule.pin_field is not None:
@@ -178,8 +176,6 @@ def check_lives(config: PruneConfig, files: list[Any], schema: pa.Schema,
             session_times = corpus_session_times([f.path for f in files])
         usage = None
         if config.usage_log is not None:
-            known = set(pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
-                                          .column(0).cast(pa.string()).chunks], pa.string()).to_pylist())
             usage = read_usage(config.usage_log, known)
     except ValueError as exc:
         raise PruneError(str(exc)) from exc
@@ -369,19 +365,21 @@ def _run_into(run: Run, outputs: OutputSet) -> dict[str, Any]:
         raise PruneError(f"{stats['split_groups']} group(s) reached the decision in two blocks; the result would be wrong")
     final_store = outputs.final(STORE_DIR)
     per_setting = summarize_stats(stats, settings)
-    fingerprint = run_fingerprint(config, scorer_info, files)
+    lives = run.job.lives if run.job else None
+    fingerprint = run_fingerprint(config, scorer_info, files, lives.keep if lives else None)
     emitted: dict[str, Any] = {}
-    review = None if plan.rows > config.review_rows else decided(written, out_schema.names, config)
+    paged = plan.rows <= config.review_rows
+    table = decided(written, out_schema.names, config) if paged or config.dry_run else None
+    review = table if paged else None
     if config.dry_run:
         rate = min(1.0, config.preview_groups / max(plan.runs, 1))
-        sample = pa.concat_tables([preview_block(read_parquet(p), list(rule.keys), rate) for p in written])
+        sample = preview_block(table, list(rule.keys), rate)
         emitted["decision"] = {"path": outputs.final(DECISION_DIR), "rows": rows_out}
         emitted["preview"] = {"path": outputs.final("preview.jsonl"),
                               "rows": write_preview(outputs.path("preview.jsonl"), sample, list(rule.keys))}
     elif config.emit == "split":
         pruned = pa.concat_tables([read_parquet(p) for p in written])
-        input_ids = pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
-                                      .column(0).cast(pa.string()).chunks], pa.string())[:plan.rows]
+        input_ids = store_ids(files)[:plan.rows]
         emitted |= write_split(pruned, input_ids, schema.names, outputs.staging, outputs.loc, fingerprint,
                                {"input": str(config.input), "pruned": str(final_store)})
     summary = {
@@ -427,7 +425,6 @@ def _run_into(run: Run, outputs: OutputSet) -> dict[str, Any]:
     }
     if review is not None:
         emitted["review"] = {"path": outputs.final(PAGE), "records": review.num_rows}
-        lives = run.job.lives if run.job else None
         write_run_review(outputs.staging, review, summary, config,
                          (lives.session_times if lives else None) or shown_session_times([f.path for f in files]),
                          str(config.out))

@@ -56,6 +56,12 @@ def read_parquet(path: str | os.PathLike[str] | Location, columns: list[str] | N
     return pq.read_table(loc.path, columns=columns, filesystem=loc.fs)
 
 
+def store_ids(files: list[Any]) -> pa.ChunkedArray:
+    """Every bullet id of the store's `files` (each with a `path`), in order, as strings."""
+    return pa.chunked_array([c for f in files for c in read_parquet(f.path, columns=["bullet_id"])
+                             .column(0).cast(pa.string()).chunks], pa.string())
+
+
 def list_store_files(input: str | os.PathLike[str]) -> list[Any]:
     """The store's Parquet files: a file; a corpus dir's bullets.parquet; else every *.parquet in the dir, sorted.
     Local files come back as Paths, files on object storage as their URIs."""

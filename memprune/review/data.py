@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from memprune.times import epoch_seconds, parse_time
+from memprune.times import epoch_seconds
 
 HIST_BINS = 40
 WORST_GROUPS = 12
@@ -48,20 +48,8 @@ def _times(table: pa.Table, name: str | None) -> list[float | None] | None:
     none or its value is not a time: the page shows, it does not judge)."""
     if name is None or name not in table.column_names:
         return None
-    col = table.column(name)
-    if pa.types.is_timestamp(col.type) or pa.types.is_date(col.type):
-        secs = epoch_seconds(col, name, [])
-    else:
-        seen: dict[Any, float] = {}
-        secs = np.array([seen.setdefault(v, _seconds(v)) for v in col.to_pylist()], dtype=np.float64)
+    secs = epoch_seconds(table.column(name), name, [], strict=False)
     return [None if math.isnan(v) else float(v) for v in secs.tolist()]
-
-
-def _seconds(value: Any) -> float:
-    try:
-        return parse_time(value).timestamp() if value is not None else math.nan
-    except (ValueError, OverflowError, OSError, TypeError):
-        return math.nan
 
 
 def records(table: pa.Table, layout: Layout, count: Callable[[Sequence[str]], np.ndarray] | None = None
