@@ -18,7 +18,8 @@ speaker, judge `slot`) marks bullets `superseded`.
 - misses: the stale bullets the decision with supersession still keeps, by where they were lost (no true pair
   in the band, the judge said no, the judge said yes) and whether another old mention of the slot was superseded
 
-2. **Phrasing families** (`memprune.synth.families`, `--families N` conversations per split and seed): the same
+2. **Phrasing families** (`memprune.synth.families`, `--families N` conversations per split and seed; parts 2 and 3
+are `bench/lifecycle_families.py`): the same
 decision on the *fit* families (other conversations than any fitted on) and, separately, on the *held-out*
 families (verbs, kinds and the first person never fitted on): recall by kind and by the forms of the stale
 bullet and its update (attribute or event), false supersession of unchanged facts by kind, and the share of
@@ -34,17 +35,16 @@ engine for a corpus of useful size): the same tables, plus the pairs without a v
 parsed, counted as no update). `--lows` narrows the band sweep (each low is one more pass of the judge);
 `--conversations 0` skips part 1, `--families 0` part 2, `--no-real` part 3.
 
-`--fit` first fits the `slot` judge (`slot.fit`: LoRA on the installed encoder and a head, seeded) on the
-candidate pairs of seed-0 conversations (`--fit-conversations` of synthetic updates and as many of the fit
-families; every update and four times as many other pairs; seed 0 is never a measured seed), chooses its
-threshold on the next third as many seed-0 conversations of each (the selection pairs, in the swept band: the
-lowest threshold whose pair precision there is >= 0.97, recall first), and writes the judge's weights
-(`memprune/decision/updates/slot.safetensors`), which the measurement then reads. `--select` only chooses the
-threshold again, the same way, for the weights as they are (no refit; give the `--fit-conversations` they were
-fitted with, so that the selection conversations are the same held-back ones).
+`--fit` first fits the `slot` judge's network (one hidden layer, torch) on the candidate pairs of a seed-0 corpus
+(`--fit-conversations`, 300; seed 0 is never a measured seed), chooses its threshold on the next third as many
+seed-0 conversations (the selection pairs, in the swept band: the lowest threshold whose pair precision there is
+>= 0.97, recall first), and writes the judge's weights (`memprune/decision/updates/slot.safetensors`), which the
+measurement then reads. `--select` only chooses the threshold again, the same way, for the weights as they are
+(no refit; give the `--fit-conversations` they were fitted with, so that the selection conversations are the
+same held-back ones).
 
-    python bench/lifecycle_bench.py --conversations 60 --seed 1 --lows 0.3 --families 150 [--fit]
-    python bench/lifecycle_bench.py --select --fit-conversations 200 --conversations 0
+    python bench/lifecycle_bench.py --conversations 120 --updates 0.3 --seed 1 2 [--fit]
+    python bench/lifecycle_bench.py --select --fit-conversations 900 --conversations 120 --seed 1 2
     python bench/lifecycle_bench.py --judge llm --llm configs/llm/vllm-gpu.yaml --conversations 120 --seed 1
 """
 
@@ -107,28 +107,6 @@ def corpus(conversations: int, updates: float, seed: int,
     return rows, {"slot": slot, "stale": np.array(stale), "newest": np.array(newest), "value": value}
 
 
-def family_corpus(split: str, conversations: int, seed: int,
-                  first: int = 0) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """`corpus` of the phrasing-family development set (`memprune.synth.families`): one split's conversations
-    numbered first, first + 1, ...; the truth also knows each bullet's value, kind, the family of the update that
-    made it stale and whether a distractor followed it."""
-    from memprune.synth.families import family_conversation
-
-    rows: list[dict[str, Any]] = []
-    truth: dict[str, list[Any]] = {k: [] for k in ("slot", "value", "stale", "family", "distracted", "kind")}
-    for i in range(first, first + conversations):
-        conv = family_conversation(split, seed, i)  # type: ignore[arg-type]
-        for k, b in enumerate(conv.bullets):
-            rows.append({"bullet_id": f"{conv.conversation_id}-{k:03d}", "text": b.text, "speaker": conv.speaker,
-                         "conversation_id": conv.conversation_id, "session_index": b.session,
-                         "time": conv.times[b.session]})
-            for key in truth:
-                truth[key].append(getattr(b, key))
-    out: dict[str, Any] = {k: (np.array(v) if k in ("stale", "distracted") else v) for k, v in truth.items()}
-    out["newest"] = np.array([s is not None and not st for s, st in zip(out["slot"], out["stale"])])
-    return rows, out
-
-
 def pairs_of(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray, low: float, high: float) -> Any:
     """The step's candidate pairs (every bullet a representative, none pinned) and whether each is an update (the
     same slot, A stale, B another value)."""
@@ -154,12 +132,14 @@ def judge_pairs(rows: list[dict[str, Any]], a: np.ndarray, b: np.ndarray, c: np.
     return Pairs([rows[i]["text"] for i in a], [rows[j]["text"] for j in b], c, encode, emb[a], emb[b])
 
 
-def band_pairs(data: Any, high: float) -> tuple[list[str], list[str], np.ndarray]:
-    """The texts of the candidate pairs of `data` (rows, truth, embeddings) in the swept band [min(LOWS), high), and
-    whether each is an update."""
+def threshold_pairs(data: Any, encode: Any, high: float) -> tuple[np.ndarray, np.ndarray]:
+    """The slot judge's features of the candidate pairs of `data` (rows, truth, embeddings) in the swept band
+    [min(LOWS), high), and whether each is an update."""
+    from memprune.decision.updates.slot import features
+
     rows, truth, emb = data
-    a, b, _, y = pairs_of(rows, truth, emb, min(LOWS), high)
-    return [rows[i]["text"] for i in a], [rows[j]["text"] for j in b], y
+    a, b, c, y = pairs_of(rows, truth, emb, min(LOWS), high)
+    return features(judge_pairs(rows, a, b, c, emb, encode)), y
 
 
 def choose_threshold(p: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, dict[str, float]]]:
@@ -177,52 +157,63 @@ def choose_threshold(p: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, dic
     return float(best), table
 
 
-def select(held_out: Any, high: float, path: Path, tensors: dict[str, Any] | None = None,
+def select(held_out: Any, encode: Any, high: float, path: Path, w: dict[str, np.ndarray] | None = None,
            meta: dict[str, str] | None = None) -> dict[str, Any]:
     """Choose the slot judge's threshold on `held_out` (seed-0 conversations it was not fitted on) and write the
-    weights (`tensors`; default: the file at `path`, its network unchanged) with it to `path`."""
+    weights `w` (default: the file at `path`, its network unchanged) with it to `path`."""
     from safetensors import safe_open
+    from safetensors.numpy import save_file
 
-    from memprune.decision.updates import slot
+    from memprune.decision.updates.slot import update_probability
 
-    if tensors is None:
-        with safe_open(str(path), "pt") as f:
-            tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
-    else:
-        slot.save(tensors, 0.5, path, meta)  # the network first: the probabilities below are its own
-    a, b, yh = band_pairs(held_out, high)
-    print(f"select: {len(yh)} pairs ({int(yh.sum())} updates)", flush=True)
-    threshold, table = choose_threshold(slot.probability(a, b, path), yh)
+    if w is None:
+        with safe_open(str(path), "np") as f:
+            w, meta = {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    xh, yh = threshold_pairs(held_out, encode, high)
+    threshold, table = choose_threshold(update_probability(xh, w), yh)
     print(f"select: held-out pair precision / recall by threshold "
           f"{json.dumps({t: [round(v['precision'], 4), round(v['recall'], 4)] for t, v in table.items()})}")
     rule = (f"the lowest with held-out pair precision >= {SELECT_PRECISION}"
             if table[f"{threshold:.2f}"]["precision"] >= SELECT_PRECISION else "the best held-out pair F1 (none "
             f"reaches precision {SELECT_PRECISION})")
     meta = {**(meta or {}), "threshold": f"{threshold:.2f}: {rule} on {len(yh)} pairs in [{min(LOWS):g}, {high:g}) "
-            "of other seed-0 conversations (synthetic updates and fit families)"}
-    slot.save(tensors, threshold, path, meta)
+            "of other seed-0 conversations"}
+    save_file({**{k: v for k, v in w.items() if k != "threshold"},
+               "threshold": np.array([threshold], dtype=np.float32)}, str(path), metadata=meta)
     return {"path": str(path), "threshold": threshold, "held_out_pairs": int(len(yh)),
             "held_out_updates": int(yh.sum()), "held_out": table[f"{threshold:.2f}"]}
 
 
-def fit(data: Any, held_out: Any, high: float, path: Path, negatives: int = 4, epochs: int = 3) -> dict[str, Any]:
-    """Fit the slot judge (`slot.fit`) on the candidate pairs of `data` (rows, truth, embeddings of seed 0: every
-    update and `negatives` times as many other pairs, drawn with seed 0), choose its threshold on `held_out` (other
-    seed-0 conversations; `select`) and write its weights to `path`."""
-    from memprune.decision.updates import slot
+def fit(data: Any, held_out: Any, encode: Any, high: float, path: Path, hidden: int = 128, dropout: float = 0.5,
+        epochs: int = 15) -> dict[str, Any]:
+    """Fit the slot judge's network on the candidate pairs of `data` (rows, truth, embeddings of seed 0), choose its
+    threshold on `held_out` (other seed-0 conversations; `select`) and write its weights to `path`."""
+    import torch
 
-    a, b, y = band_pairs(data, high)
-    rng = np.random.default_rng(FIT_SEED)
-    neg = np.flatnonzero(~y)
-    take = np.sort(np.concatenate([np.flatnonzero(y), rng.choice(neg, min(len(neg), negatives * int(y.sum())),
-                                                                  replace=False)]))
-    print(f"fit: {len(take)} pairs ({int(y.sum())} updates) of {len(y)} in the band", flush=True)
-    tensors = slot.fit([a[i] for i in take], [b[i] for i in take], y[take], seed=FIT_SEED, epochs=epochs,
-                       log=lambda m: print(m, flush=True))
-    meta = {"fitted_on": f"memprune synth --updates and the fit families of memprune.synth.families, seed {FIT_SEED}",
-            "pairs": str(len(take)), "updates": str(int(y.sum())), "epochs": str(epochs)}
-    return {"pairs": int(len(take)), "updates": int(y.sum()), "epochs": epochs,
-            **select(held_out, high, path, tensors, meta)}
+    x, y = threshold_pairs(data, encode, high)
+    mean, scale = x.mean(0), np.maximum(x.std(0), 1e-6)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(),
+                              torch.nn.Linear(hidden, 1))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=1e-2)
+    xt, yt = torch.tensor((x - mean) / scale, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+    for epoch in range(epochs):
+        perm, total = torch.randperm(len(xt)), 0.0
+        for k in range(0, len(xt), 256):
+            i = perm[k:k + 256]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(net(xt[i])[:, 0], yt[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(i)
+        print(f"fit: epoch {epoch + 1}/{epochs} loss {total / len(xt):.4f}", flush=True)
+    w = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+    w = {"mean": mean, "scale": scale.astype(np.float32), "w1": w["1.weight"], "b1": w["1.bias"],
+         "w2": w["3.weight"][0], "b2": w["3.bias"]}
+    meta = {"fitted_on": f"memprune synth --updates, seed {FIT_SEED}", "pairs": str(len(y)),
+            "updates": str(int(y.sum())), "hidden": str(hidden), "dropout": str(dropout), "epochs": str(epochs)}
+    return {"pairs": int(len(y)), "updates": int(y.sum()), "hidden": hidden, "dropout": dropout, "epochs": epochs,
+            **select(held_out, encode, high, path, w, meta)}
 
 
 def measure(pruner_for: Any, rows: list[dict[str, Any]], truth: dict[str, Any], low: float) -> dict[str, Any]:
@@ -276,94 +267,6 @@ def candidate_counts(a: np.ndarray, b: np.ndarray, c: np.ndarray, y: np.ndarray,
             "stale_with_new_value_in_band": int(in_band[stale].sum()), "true_pairs": int(y.sum()),
             "true_pairs_by_cosine": {f"[{lo:g}, {hi:g})": int((y & (c >= lo) & (c < hi)).sum())
                                      for lo, hi in zip(edges, edges[1:])}}
-
-
-def rate(hit: np.ndarray, among: np.ndarray) -> dict[str, Any]:
-    """How many of `among` there are and the share of them in `hit`."""
-    return {"n": int(among.sum()), "share": float(hit[among].mean()) if among.any() else None}
-
-
-def run_families(split: str, seed: int, args: argparse.Namespace, scorer: Any) -> dict[str, Any]:
-    """The decision's supersession (judge `args.judge`, band low `args.low`, everything else kept) on one split of the
-    phrasing-family set: precision, recall of stale bullets (overall, by kind, by the forms of the stale bullet and
-    its update, by family), false supersession of unchanged bullets (by kind) and the share of bullets followed by a
-    compatible related fact (a distractor) that were superseded."""
-    from memprune.prune import MemoryPruner
-
-    t0 = time.perf_counter()
-    rows, truth = family_corpus(split, args.families, seed)
-    p = MemoryPruner(scorer, supersede={**args.supersede, "low": args.low}, min_keep=0, threshold=0.0)
-    sup = p.decisions(rows, [(r["conversation_id"], r["session_index"]) for r in rows])[1].superseded_by >= 0
-    stale, family, kind = truth["stale"], np.array([f or "" for f in truth["family"]]), np.array(
-        [k or "" for k in truth["kind"]])
-    form = np.array([f.split("/")[1] if f else "" for f in family])
-    unchanged = ~stale
-    out: dict[str, Any] = {"split": split, "seed": seed, "bullets": len(rows), "low": args.low,
-                           "superseded": int(sup.sum()), "precision": float((sup & stale).sum() / max(sup.sum(), 1)),
-                           "recall": rate(sup, stale), "false_supersession": rate(sup, unchanged),
-                           "distractors_superseded": rate(sup, truth["distracted"])}
-    out["recall_by_form"] = {f: rate(sup, stale & (form == f)) for f in sorted(set(form[stale]))}
-    out["recall_by_kind"] = {k: rate(sup, stale & (kind == k)) for k in sorted(set(kind[stale]))}
-    out["recall_by_family"] = {f: rate(sup, stale & (family == f)) for f in sorted(set(family[stale]))}
-    out["false_by_kind"] = {k or "(no kind)": rate(sup, unchanged & (kind == k)) for k in sorted(set(kind))}
-    out["seconds"] = round(time.perf_counter() - t0, 1)
-    return out
-
-
-def run_real(args: argparse.Namespace, scorer: Any, high: float) -> dict[str, Any]:
-    """The judge on the real pairs labelled in LoCoMo and MSC (`bench/real_updates.py`): per corpus and label, how
-    many pairs the judge calls an update and how many lie in the candidate band at all."""
-    from memprune.decision.supersede import Supersede
-    from memprune.decision.updates import Pairs, update_judge
-    from real_updates import pairs as real_pairs
-
-    shared = Path(args.shared)
-    if not shared.is_dir():
-        return {"skipped": f"no {shared}"}
-    data = real_pairs(shared)
-    ea = scorer.embed([x["a_text"] for x in data])
-    eb = scorer.embed([x["b_text"] for x in data])
-    u = lambda e: e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)  # noqa: E731
-    cos = (u(ea) * u(eb)).sum(1)
-    said = np.asarray(update_judge(args.judge).judge(
-        Pairs([x["a_text"] for x in data], [x["b_text"] for x in data], cos, scorer.embed, ea, eb),
-        Supersede(**args.supersede))) > 0
-    band = (cos >= args.low) & (cos < high)
-    out: dict[str, Any] = {}
-    for corpus in ("all", "locomo", "msc"):
-        for label in ("update", "distractor", "unchanged"):
-            m = np.array([x["label"] == label and corpus in ("all", x["corpus"]) for x in data])
-            out[f"{corpus}/{label}"] = {"pairs": int(m.sum()), "judged_update": int((said & m).sum()),
-                                       "in_band": int((band & m).sum()),
-                                       "judged_update_in_band": int((said & band & m).sum())}
-    return out
-
-
-def family_markdown(r: dict[str, Any]) -> str:
-    pct = lambda v: "-" if v["share"] is None else f"{100 * v['share']:.1f}% ({v['n']})"  # noqa: E731
-    which = "held-out families (never fitted on)" if r["split"] == "held" else "fit families (other conversations)"
-    lines = [f"### {which}: seed {r['seed']}, {r['bullets']} bullets, band low {r['low']:g} ({r['seconds']} s)", "",
-             f"recall {pct(r['recall'])}, precision {r['precision']:.3f}, false supersession "
-             f"{pct(r['false_supersession'])}, distractors superseded {pct(r['distractors_superseded'])}", "",
-             "| kind | recall | " + " | ".join(r["recall_by_form"]) + " | false supersession |",
-             "|---|---|" + "---|" * len(r["recall_by_form"]) + "---|"]
-    for k, v in r["recall_by_kind"].items():
-        cells = [pct(r["recall_by_family"].get(f"{k}/{f}", {"share": None, "n": 0})) for f in r["recall_by_form"]]
-        lines.append(f"| {k} | {pct(v)} | " + " | ".join(cells) + f" | {pct(r['false_by_kind'][k])} |")
-    lines.append("| all | " + pct(r["recall"]) + " | " + " | ".join(pct(v) for v in r["recall_by_form"].values())
-                 + f" | {pct(r['false_supersession'])} |")
-    return "\n".join(lines) + "\n"
-
-
-def real_markdown(r: dict[str, Any]) -> str:
-    if "skipped" in r:
-        return f"real pairs: skipped ({r['skipped']})\n"
-    lines = ["### real pairs labelled in LoCoMo (development subset) and MSC valid", "",
-             "| corpus / label | pairs | judged an update | in the band | judged an update, in the band |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {k} | {v['pairs']} | {v['judged_update']} | {v['in_band']} | {v['judged_update_in_band']} |"
-              for k, v in r.items()]
-    return "\n".join(lines) + "\n"
 
 
 def run_seed(seed: int, args: argparse.Namespace, scorer: Any, high: float) -> dict[str, Any]:
@@ -427,6 +330,8 @@ def markdown(r: dict[str, Any], high: float) -> str:
 
 
 def main() -> None:
+    from lifecycle_families import family_markdown, real_markdown, run_families, run_real
+
     from memprune.config import validate
     from memprune.decision.supersede import Supersede
     from memprune.decision.updates import UPDATE_JUDGES
@@ -481,15 +386,12 @@ def main() -> None:
         data = []
         for first, n in ((0, args.fit_conversations), (args.fit_conversations, args.fit_conversations // 3))[
                 0 if args.fit else 1:]:
-            parts = [corpus(n, args.updates, FIT_SEED, first), family_corpus("fit", n, FIT_SEED, first)]
-            rows = [r for part, _ in parts for r in part]
-            truth = {k: [x for _, t in parts for x in t[k]] for k in ("slot", "stale", "newest", "value")}
-            truth = {k: np.array(v) if k in ("stale", "newest") else v for k, v in truth.items()}
+            rows, truth = corpus(n, args.updates, FIT_SEED, first)
             data.append((rows, truth, score_and_embed(scorer, [r["text"] for r in rows], 128)[1]))
         if args.fit:
-            result["fitted"] = fit(*data, DEDUP_THRESHOLD, slot.WEIGHTS)
+            result["fitted"] = fit(*data, scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
         else:
-            result["selected"] = select(data[0], DEDUP_THRESHOLD, slot.WEIGHTS)
+            result["selected"] = select(data[0], scorer.embed, DEDUP_THRESHOLD, slot.WEIGHTS)
         print(f"seed {FIT_SEED}: {json.dumps(result.get('fitted', result.get('selected')))}", flush=True)
     result["seeds"], result["families"], text = [], [], []
     for seed in args.seed:

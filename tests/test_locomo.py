@@ -360,7 +360,7 @@ def corrupted(draw: st.DrawFn) -> tuple[bytes, str]:
         if op in ("drop", "retype"):
             path = draw(st.sampled_from(node_paths(obj)))
             if op == "retype":
-                value = draw(ODD_VALUES)
+                value = copy.deepcopy(draw(ODD_VALUES))  # never mutate the strategy's own lists
                 if path:
                     get_at(obj, path[:-1])[path[-1]] = value
                 else:

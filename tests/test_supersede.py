@@ -108,24 +108,16 @@ def test_the_superseding_bullet_ranks_with_at_least_the_score_of_what_it_superse
     assert chain.keep.tolist() == [False, False, True, True]
 
 
-def test_slot_judge_weights_are_small_safetensors_and_a_fit_loads_and_decides(tmp_path):
-    """The shipped weights: the LoRA matrices, the head and a threshold, under two megabytes; `slot.fit` on a few
-    pairs writes weights that the same code loads and judges with; no weights is one error line."""
+def test_slot_judge_weights_are_safetensors_and_another_width_is_one_line():
     from memprune.decision.updates import Pairs, slot
 
     w = slot.weights()
-    assert slot.WEIGHTS.suffix == ".safetensors" and slot.WEIGHTS.stat().st_size < 2_000_000
-    assert 0 < float(w["threshold"][0]) < 1 and w["head.weight"].shape == (1, 384)
-    assert sum(".lora_A" in k for k in w) == 36  # six linear maps in each of six layers
-    a = ["Nora lives in Lima.", "Nora has a cat.", "Ben plays chess.", "Ben works as a nurse."]
-    b = ["Nora moved to Oslo.", "Nora visited Oslo.", "Ben plays the piano too.", "Ben became a chef."]
-    tensors = slot.fit(a, b, np.array([1, 0, 0, 1]), epochs=1, batch=2, log=lambda m: None)
-    slot.save(tensors, 0.5, tmp_path / "slot.safetensors")
-    p = slot.probability(a, b, tmp_path / "slot.safetensors")
-    assert p.shape == (4,) and ((p > 0) & (p < 1)).all()
-    assert slot.judge(Pairs(a, b, np.full(4, 0.5))).dtype == bool
-    with pytest.raises(ValueError, match="no fitted weights at .*nope.safetensors"):
-        slot.probability(a, b, tmp_path / "nope.safetensors")
+    assert slot.WEIGHTS.suffix == ".safetensors" and w["mean"].shape == (384 * slot.N_VEC + slot.N_TEXT,)
+    assert 0 < w["threshold"][0] < 1
+    pairs = Pairs(["Nora lives in Lima."], ["Nora lives in Oslo."], np.array([0.7]),
+                  lambda texts: np.ones((len(texts), 8), dtype=np.float32))
+    with pytest.raises(ValueError, match="fitted on 384-dimensional embeddings; this scorer's encoder gives 8"):
+        slot.judge(pairs)
 
 
 def test_slot_judge_readme_example(scorer_dir):
