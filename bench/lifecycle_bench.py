@@ -118,8 +118,7 @@ def pairs_of(rows: list[dict[str, Any]], truth: dict[str, Any], emb: np.ndarray,
     bullets = Bullets.of(np.zeros(len(rows)), texts=[r["text"] for r in rows], embeddings=emb,
                          **Lives().of_mappings(rows, rule))
     a, b, c = candidates(bullets, (low, high), None, np.zeros(len(rows), dtype=bool))
-    slot, stale = truth["slot"], truth["stale"]
-    value = truth["value"]
+    slot, stale, value = truth["slot"], truth["stale"], truth["value"]
     y = np.array([slot[i] is not None and slot[i] == slot[j] and stale[i] and value[i] != value[j]
                   for i, j in zip(a, b)], dtype=bool)
     return a, b, c, y

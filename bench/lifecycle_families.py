@@ -72,6 +72,7 @@ def run_real(args: argparse.Namespace, scorer: Any, high: float) -> dict[str, An
     many pairs the judge calls an update and how many lie in the candidate band at all."""
     from memprune.decision.supersede import Supersede
     from memprune.decision.updates import Pairs, update_judge
+    from real_updates import LABELS
     from real_updates import pairs as real_pairs
 
     shared = Path(args.shared)
@@ -88,7 +89,7 @@ def run_real(args: argparse.Namespace, scorer: Any, high: float) -> dict[str, An
     band = (cos >= args.low) & (cos < high)
     out: dict[str, Any] = {}
     for corpus in ("all", "locomo", "msc"):
-        for label in ("update", "distractor", "unchanged"):
+        for label in LABELS:
             m = np.array([x["label"] == label and corpus in ("all", x["corpus"]) for x in data])
             out[f"{corpus}/{label}"] = {"pairs": int(m.sum()), "judged_update": int((said & m).sum()),
                                        "in_band": int((band & m).sum()),

@@ -93,8 +93,8 @@ def pairs(shared: Path, path: Path = DATA) -> list[dict]:
     records = _msc(shared, {e["conversation"] for e in entries if e.get("corpus") == "msc"})
     out = []
     for i, e in enumerate(entries):
-        where = f"entry {i} ({e.get('corpus')} {e.get('conversation')} {e.get('a')} -> {e.get('b')})"
         corpus, conv, a, b = e.get("corpus"), e.get("conversation"), e.get("a"), e.get("b")
+        where = f"entry {i} ({corpus} {conv} {a} -> {b})"
         if e.get("label") not in LABELS:
             raise ValueError(f"{where}: unknown label {e.get('label')!r}")
         if e.get("kind") not in KINDS:

@@ -30,7 +30,6 @@ from memprune.synth.vocabulary import with_article
 
 Split = Literal["fit", "held"]
 SESSIONS = 6
-FORMS = ("attribute", "event", "distractor")
 NAMES = ("Alex", "Nora", "Sam", "Priya", "Jonas", "Maya", "Leo", "Ines", "Omar", "Zoe", "Kenji", "Lucia", "Tom",
          "Ada", "Ravi", "Elin")
 
