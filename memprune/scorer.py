@@ -88,6 +88,10 @@ class ScorerConfig(ConfigModel):
     lora: LoraSettings | None = None
     stage: str | None = None
     seed: int | None = None
+    threshold: float | None = Field(0.5, ge=0.0, le=1.0,
+                                    description="the threshold of the rule policy when a decision sets none: 0.5 (the "
+                                                "paper's) for a trained scorer; null for a scorer that ranks, whose "
+                                                "scores are not probabilities on every kind of memory (the shipped ones)")
 
 
 def _load_encoder(name: str) -> tuple[nn.Module, Any]:
@@ -201,6 +205,7 @@ def check_scorer(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Validate a scorer artifact where it is used, before Ray or a service starts: config, head weights, encoder,
     adapter, calibration; a broken one is one `ScorerError` line (not a failure in every actor or replica).
     Returns what prune.json and /healthz record of it."""
+    from memprune.scorers import card_identity
     from memprune.storage import canonical
 
     try:
@@ -209,7 +214,7 @@ def check_scorer(path: str | os.PathLike[str]) -> dict[str, Any]:
         cal = load_calibration(local)
     except EncoderError as exc:
         raise ScorerError(str(exc)) from exc
-    return {"path": canonical(str(path)), "fingerprint": artifact_fingerprint(local), "encoder": sc.encoder,
+    return {"path": canonical(str(path)), **card_identity(local), "fingerprint": artifact_fingerprint(local), "encoder": sc.encoder,
             "stage": sc.stage, "seed": sc.seed, "lora": sc.lora is not None, "max_length": sc.max_length,
             "calibration": None if cal is None else {"method": cal.method,
                                                      "relevance_threshold": cal.relevance_threshold}}

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memprune"
 FLOORS = [
     {"", "errors", "schema", "config", "storage", "io", "work", "rejects", "markdown", "figures", "timing", "precision",
      "runtime", "raysession", "registry", "archive", "calibration", "encoders", "tokens", "texts", "times", "stages",
-     "usagelog", "outputs"},
+     "usagelog", "outputs", "scorers"},
     {"adapters", "synth", "llm", "scorer"},
     {"ingest", "label", "decision", "memory", "review"},
     {"prune", "summarize", "evaluate", "dialogue", "qa"},

@@ -175,6 +175,11 @@ def test_pruning_view_and_qa_retention_by_hand(tmp_path):
     assert qall["model_pct"] == pytest.approx(50.0)
     assert qall["random_expected_pct"] == pytest.approx(100 * (2 / 3 + 1 / 2) / 2)
     assert qall["recency_pct"] == pytest.approx(50.0)  # A: b1 and b2 most recent; B: b1
+    # the heuristics keep as many per session: longest A b0 b1, B b0; first in session (evidence t0, t1) A b0 b2, B b0;
+    # newest A b1 b2, B b1; most digits (none: position order) A b0 b1, B b0
+    assert (qall["longest_pct"], qall["first_in_session_pct"], qall["newest_pct"], qall["most_digits_pct"]) == \
+        pytest.approx((100.0, 50.0, 50.0, 100.0))
+    assert (qall["best_heuristic_pct"], qall["lift_over_best_heuristic_pp"]) == pytest.approx((100.0, -50.0))
     assert split["qa"]["n_cited_bullets"] == 2 and split["qa"]["n_qa"] == 2
     # vanilla ties everywhere: top-1 keeps the first bullet of each session (position order)
     assert split["per_seed"]["vanilla"]["0"]["pruning"]["t0.5_k1"]["qa"]["model_pct"] == pytest.approx(50.0)

@@ -184,13 +184,15 @@ def test_every_shipped_config_loads(monkeypatch) -> None:
     from memprune.stores import StorePruneConfig
     from memprune.summarize import SummarizeConfig
     from memprune.train import TrainConfig
+    from memprune.train.shipped import ShippedRecipe
     from memprune.serve import ServeConfig
     from memprune.tune.config import TuneConfig
 
     monkeypatch.chdir(REPO)
     models = {"dialogue-eval": DialogueEvalConfig, "evaluate": EvalConfig, "ingest": IngestConfig,
               "label": LabelConfig, "pipeline": PipelineConfig, "prune": StorePruneConfig, "qa-eval": QAEvalConfig,
-              "serve": ServeConfig, "summarize": SummarizeConfig, "train": TrainConfig, "tune": TuneConfig}
+              "serve": ServeConfig, "summarize": SummarizeConfig, "train": TrainConfig, "tune": TuneConfig,
+              "default-scorer": ShippedRecipe}
     files = sorted((REPO / "configs").rglob("*.yaml"))
     assert len(files) >= 15
     for path in files:

@@ -367,9 +367,10 @@ def test_hostile_bodies_are_refused_before_parsing_and_fail_alone(service) -> No
     assert reply.json() == {"error": "bullets.1.text: not valid Unicode text: a lone surrogate U+DC00 at character 0"}
 
 
-def test_memprune_serve_listens_on_loopback_only_and_stops_in_order_on_sigterm(scorer_dir) -> None:
+def test_memprune_serve_listens_on_loopback_only_and_stops_in_order_on_sigterm() -> None:
     """Issue 56, item 2 and the SIGTERM message: `memprune serve` starts its own Ray, none of whose processes listens
-    beyond 127.0.0.1; SIGTERM to its process group (a service manager's stop) shuts Serve and Ray down, exit 0."""
+    beyond 127.0.0.1; SIGTERM to its process group (a service manager's stop) shuts Serve and Ray down, exit 0.
+    Issue 54: it needs no --scorer (the shipped `default`, named with its version in /healthz)."""
     import signal
     import subprocess
     import sys
@@ -379,7 +380,7 @@ def test_memprune_serve_listens_on_loopback_only_and_stops_in_order_on_sigterm(s
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("memprune")), "serve", "--scorer", str(scorer_dir),
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("memprune")), "serve",
                              "--port", str(port), "--set", "num_cpus=0.5"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
@@ -387,12 +388,15 @@ def test_memprune_serve_listens_on_loopback_only_and_stops_in_order_on_sigterm(s
         while True:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=30)
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                if health.status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         assert listeners_beyond_loopback(proc.pid) == []
+        scorer = health.json()["scorer"]
+        assert (scorer["name"], scorer["version"]) == ("default", "1") and len(scorer["fingerprint"]) == 16
         os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:

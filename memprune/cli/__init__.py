@@ -224,6 +224,8 @@ def train(
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma list of vanilla,stage1,stage2 (default all)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Comma list of seeds (default 0,1,2)."),
     encoder: Optional[str] = typer.Option(None, "--encoder", help="Encoder path or hub id (default local all-MiniLM-L6-v2)."),
+    init: Optional[str] = typer.Option(None, "--init", help="Start from a scorer: a shipped one (default) or an "
+                                                            "artifact dir; vanilla is it as it is, stage 1 starts there."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Ray Train workers per trainer (0 = local mode)."),
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
@@ -243,7 +245,8 @@ def train(
         fail(f"--seeds {seeds!r}: give comma-separated integers")
     try:
         cfg, summary = run_stage(TrainConfig, run, config, set_, {
-            "data": data, "labels": labels or None, "out": out, "encoder": encoder, "ray.num_workers": workers,
+            "data": data, "labels": labels or None, "out": out, "encoder": encoder, "init": init,
+            "ray.num_workers": workers,
             "folds": folds, "stages": _csv(stages), "seeds": seed_values,
             "label_weights": _label_weights(label_weight), "label_weight_by": label_weight_by})
         for stage, entry in summary["stage_summary"].items():
@@ -427,7 +430,8 @@ def quickstart(
 
 @app.command()
 def serve(
-    scorer: Optional[str] = typer.Option(None, "--scorer", help="Scorer artifact directory, or its URI (s3://...)."),
+    scorer: Optional[str] = typer.Option(None, "--scorer", help="A shipped scorer by name (`memprune scorers`), or an artifact "
+                                                                  "directory or URI (s3://...) [default: default]."),
     host: Optional[str] = typer.Option(None, "--host", help="Address to listen on [default: 127.0.0.1]."),
     port: Optional[int] = typer.Option(None, "--port", help="Port [default: 8000]."),
     config: Optional[Path] = CONFIG,
@@ -441,6 +445,49 @@ def serve(
     from memprune.serve import ServeConfig, run
 
     run_stage(ServeConfig, run, config, set_, {"scorer": scorer, "host": host, "port": port})
+
+
+scorers_app = typer.Typer(help="The scorers shipped with memprune: list them, or build one from its recipe.")
+app.add_typer(scorers_app, name="scorers")
+
+
+@scorers_app.callback(invoke_without_command=True)
+def scorers(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the cards as JSON.")) -> None:
+    """List the shipped scorers: name, version, encoder, the labels it learned and its headline figures."""
+    if ctx.invoked_subcommand:
+        return
+    from memprune.scorers import SHIPPED
+
+    with user_errors("scorers"):
+        cards = {name: s.card() for name, s in SHIPPED.items()}
+    if as_json:
+        json.dump(cards, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+        return
+    for name, card in cards.items():
+        lo, msc = card.get("locomo", {}), card["msc"]["test"]
+        figures = ", ".join(f"{b} {100 * v:.1f}% ({100 * lo['lift_over_best_baseline'][b]:+.1f} points over the best "
+                            f"heuristic)" for b, v in lo.get("scorer", {}).items())
+        console.print(f"[bold]{name}[/bold] version {card['version']}  encoder {card['encoder']}\n"
+                      f"  labels: {card['labels']}\n  trained on: {card['data']['trained_on']}\n"
+                      f"  question-evidence retention on LoCoMo: {figures or 'not measured'}\n"
+                      f"  MSC test: AUC {msc['auc']:.3f}, calibrated ECE {msc['ece_calibrated']:.3f}", highlight=False)
+
+
+@scorers_app.command("build")
+def scorers_build(
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Artifact directory to write."),
+    config: Optional[Path] = CONFIG,
+    set_: Optional[list[str]] = SET,
+) -> None:
+    """Build a scorer from its recipe (configs/default-scorer.yaml makes `default`), with its card."""
+    from memprune.train.shipped import ShippedRecipe, run
+
+    cfg, card = run_stage(ShippedRecipe, run, config, set_, {"out": out})
+    lo = card.get("locomo", {}).get("scorer", {})
+    console.print(f"built {card['name']} version {card['version']} -> {cfg.out}  ("
+                  + ", ".join(f"retention {b} {100 * v:.1f}%" for b, v in lo.items())
+                  + f"; MSC test AUC {card['msc']['test']['auc']:.3f}; {card['build_seconds']:.0f} s)", highlight=False)
 
 
 # The pruning and store commands live in their own module; importing it registers them on `app`.

@@ -29,7 +29,8 @@ SUPERSEDE_LLM = typer.Option(None, "--supersede-llm", help="--supersede llm: YAM
 
 @app.command()
 def prune(
-    scorer: Optional[str] = typer.Option(None, "--scorer", help="Scorer artifact directory (scorer.json + head.safetensors), or its URI (s3://...)."),
+    scorer: Optional[str] = typer.Option(None, "--scorer", help="A shipped scorer by name (`memprune scorers`), or an "
+                                                                  "artifact directory or URI (s3://...) [default: default]."),
     input: Optional[str] = typer.Option(None, "--input", "-i", help="Bullets store: Parquet file, dir of Parquet files, or "
                                                                      "corpus dir; or an external store KIND:LOCATION."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): pruned/ (store + score, keep, reason), prune.json, prune.md."),
@@ -79,7 +80,8 @@ def prune(
     config: Optional[Path] = CONFIG,
     set_: Optional[list[str]] = SET,
 ) -> None:
-    """Score a bullets store with a trained scorer on Ray Data and prune it: duplicates merged, then a policy.
+    """Score a bullets store with a scorer (the shipped `default` unless --scorer) on Ray Data and prune it:
+    duplicates merged, then a policy.
 
     --input also takes an external store, KIND:LOCATION: table:PATH (Parquet/JSONL/CSV), lance:PATH, mem0:CONFIG.
     """
@@ -238,7 +240,8 @@ def _store_values(map_: Optional[str], apply: Optional[str]) -> dict[str, Any]:
 
 @app.command()
 def score(
-    scorer: Optional[str] = typer.Option(None, "--scorer", help="Scorer artifact directory, or its URI (s3://...)."),
+    scorer: Optional[str] = typer.Option(None, "--scorer", help="A shipped scorer by name (`memprune scorers`), or an artifact "
+                                                                  "directory or URI (s3://...) [default: default]."),
     input: Optional[str] = typer.Option(None, "--input", "-i", help="KIND:LOCATION (table:, lance:, mem0:) or a bullets Parquet path."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output dir or URI (s3://...): scores.parquet, "
                                                                  "score.json, score.md."),

@@ -184,6 +184,15 @@ class PruneRule(ConfigModel):
         return self.model_copy(update={"dedup": False, "pin_field": None, "retention": Retention(),
                                        "supersede": Supersede()})
 
+    def with_default_threshold(self, threshold: float | None) -> "PruneRule":
+        """This rule with `threshold` (the scorer's, `ScorerConfig.threshold`) where its policy has a threshold that
+        the rule never set; a threshold that was set is kept."""
+        policy = self.policy
+        if "threshold" not in type(policy).model_fields or "threshold" in policy.model_fields_set \
+                or getattr(policy, "threshold") == threshold:
+            return self
+        return self.model_copy(update={"policy": policy.model_copy(update={"threshold": threshold})})  # fields set kept
+
     def with_policy(self, policy: Policy) -> "PruneRule":
         """This rule with another policy (the same dedup, floor, min-keep, group)."""
         return PruneRule.model_validate({**self.model_dump(exclude={"policy"}), "policy": policy})

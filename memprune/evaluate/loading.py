@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from memprune import stages as registry
 from memprune.encoders import DEFAULT_ENCODER
+from memprune.evaluate.baselines import HEURISTICS
 from memprune.evaluate.config import SPLIT_ALIASES, EvaluationError
 from memprune.io import read_table
 from memprune.rejects import Ledger
@@ -227,6 +228,7 @@ class Corpus:
     cited: pd.Series | None = None  # bullet_id -> bool (evidence turn cited by a QA item)
     recency: pd.Series | None = None  # bullet_id -> position of its latest evidence turn (-1 unknown)
     recency_source: str = ""
+    heuristics: dict[str, pd.Series] = field(default_factory=dict)  # name -> bullet_id -> score (evaluate.baselines)
     n_qa: int = 0
     n_qa_without_evidence: int = 0
 
@@ -287,5 +289,7 @@ def load_corpus(data_dir: str | Path, tokenizer: str = "encoder", encoder: str |
 
         corpus.recency = pd.Series([latest(ev) for ev in bullets["evidence"]], index=bullets["bullet_id"].to_numpy())
         corpus.recency_source = source
+        corpus.heuristics = {name: pd.Series(rule(bullets), index=bullets["bullet_id"].to_numpy())
+                             for name, rule in HEURISTICS.items()}
     return corpus
 

@@ -12,7 +12,7 @@ pruning and against keeping the most recent bullets.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
@@ -72,12 +72,15 @@ def pruning_view(
     cited: np.ndarray | None = None,
     recency_rank: np.ndarray | None = None,
     random_keep: RandomKeep | None = None,
+    heuristic_ranks: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per pruning setting: bullets (and tokens) per session before/after, reductions, what is lost.
 
     `tokens` are per-row token counts (NaN where unknown). With `cited` (QA-evidence
     bullets), also the share of cited bullets kept against random same-size pruning and
-    against keeping the most recent bullets (`recency_rank`: 0 = most recent in session).
+    against keeping the most recent bullets (`recency_rank`: 0 = most recent in session) and the same number kept by
+    each heuristic of `memprune.evaluate.baselines` (`heuristic_ranks`: name -> rank in session, 0 = first kept), with
+    the lift over the best of them.
     """
     scores, labels = df["score"].to_numpy(), df["label"].to_numpy()
     bullets = Bullets.of(scores, df["session"].to_numpy(), order=df["position"].to_numpy(),
@@ -129,6 +132,12 @@ def pruning_view(
             q["lift"] = (q["model_pct"] / q["random_expected_pct"]
                          if n_cited and q["random_expected_pct"] > 0 else math.nan)
             q["lift_pp"] = q["model_pct"] - q["random_expected_pct"] if n_cited else math.nan
+            if heuristic_ranks:
+                shares = {name: 100.0 * (r < kept_per_session[codes])[cited].mean() if n_cited else math.nan
+                          for name, r in heuristic_ranks.items()}
+                q.update({f"{name.replace(' ', '_')}_pct": v for name, v in shares.items()})
+                q["best_heuristic_pct"] = max(q["random_mean_pct"], *shares.values())
+                q["lift_over_best_heuristic_pp"] = q["model_pct"] - q["best_heuristic_pct"]
         out[rule.name] = row
     return out
 

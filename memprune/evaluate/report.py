@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from memprune import stages as registry
+from memprune.evaluate.baselines import HEURISTICS
 from memprune.evaluate.calibration import calibration_table, figure_reliability
 from memprune.evaluate.worth import KEY as WORTH_KEY, worth_table
 from memprune.figures import new_figure, save_png
@@ -167,10 +168,14 @@ def pruning_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
 
 
 def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
-    """Share of QA-evidence bullets kept: the model against random same-size and most-recent pruning."""
+    """Share of QA-evidence bullets kept: the model against random same-size and most-recent pruning and the same
+    number kept by each heuristic (`memprune.evaluate.baselines`), with the lift over the best of them."""
+    heuristics = [h for h in HEURISTICS if any(f"{h.replace(' ', '_')}_pct" in split["aggregate"][s]["pruning"][n]["qa"]
+                                               for s in split["stages"] for n in names)]
     header = ["Stage", "setting", "bullets kept %", "cited kept % (model)",
               "random same size % (mean ± std over draws)", "random 95% interval", "most recent %",
-              "lift over random (×)"]
+              *(f"{h} %" for h in heuristics), "lift over random (×)",
+              *(["lift over the best baseline (points)"] if heuristics else [])]
     rows = []
     for s in split["stages"]:
         for n in names:
@@ -182,7 +187,9 @@ def qa_table(split: dict[str, Any], names: Sequence[str]) -> list[str]:
                 f"{fmt(q['random_mean_pct']['mean'], 1)} ± {fmt(q['random_std_pct']['mean'], 1)}",
                 f"[{fmt(q['random_p2_5_pct']['mean'], 1)}, {fmt(q['random_p97_5_pct']['mean'], 1)}]",
                 mean_std(q["recency_pct"], 1),
+                *(mean_std(q.get(f"{h.replace(' ', '_')}_pct"), 1) for h in heuristics),
                 mean_std(q.get("lift"), 2),
+                *([mean_std(q.get("lift_over_best_heuristic_pp"), 1)] if heuristics else []),
             ])
     return table(header, rows)
 

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from memprune.config import ConfigModel
 from memprune.decision import PruneRule
 from memprune.precision import Precision, precision_field
+from memprune.scorers import ScorerRef, declared_threshold, scorer_field
 
 
 class ScoringRuntime(ConfigModel):
@@ -99,6 +100,12 @@ class PruneConfig(PruneSettings):
     store options, so the same command prunes a bullets table or a `KIND:LOCATION` store.
     """
 
-    scorer: str = Field(description="scorer artifact directory (scorer.json + head.safetensors)")
+    scorer: ScorerRef = scorer_field()
     input: str = Field(description="bullets store: a Parquet file, or a directory of them (a corpus dir: its bullets.parquet)")
     out: str = Field(description="output directory: pruned/ (the store), prune.json, prune.md")
+
+    @model_validator(mode="after")
+    def _scorer_threshold(self) -> "PruneConfig":
+        """A rule that sets no threshold takes the scorer's (`ScorerConfig.threshold`: none for a shipped scorer)."""
+        self.rule = self.rule.with_default_threshold(declared_threshold(self.scorer))
+        return self

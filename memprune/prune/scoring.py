@@ -176,7 +176,8 @@ class MemoryPruner:
     `MemoryPruner(scorer, threshold=0.5, top_k=5).prune(bullets)` scores the bullets (strings, or
     mappings with a 'text' key), merges duplicates, applies the rule's policy (`rule`, `budget`,
     `fraction`; floor, min-keep) and returns the kept ones in input order; `decisions` also says why
-    each other bullet goes. `scorer` is a loaded `Scorer` or an artifact directory; the rule is a
+    each other bullet goes. `scorer` is a loaded `Scorer`, an artifact directory or a shipped scorer's name
+    (`memprune.scorers`; none: `default`); the rule is a
     `PruneRule` or its fields as keywords (unset fields take the rule's defaults). `tokenizer` is the
     token unit of the budget (as `memprune prune`'s). `precision` is that of the forward passes
     (`auto`: bf16 on a CUDA device that supports it, else fp32), given with an artifact directory: a loaded
@@ -196,19 +197,20 @@ class MemoryPruner:
     prune a store that size with `memprune prune`); texts must be valid Unicode (`memprune.texts`).
     """
 
-    def __init__(self, scorer: Any, rule: PruneRule | None = None, batch_size: int = 64, sort_by_length: bool = True,
+    def __init__(self, scorer: Any = None, rule: PruneRule | None = None, batch_size: int = 64, sort_by_length: bool = True,
                  device: str | None = None, precision: Precision | None = None, tokenizer: str = "encoder",
                  score: ScoreMode = "auto", usage_log: str | Path | None = None, usage: Usage | None = None,
                  session_times: Mapping[tuple[Any, Any], float] | None = None, max_bullets: int = MAX_BULLETS,
                  **rule_fields: Any) -> None:
         from memprune.scorer import Scorer
+        from memprune.scorers import resolve_scorer
         from memprune.tokens import check_unit
 
         if rule is not None and rule_fields:
             raise PruneError(f"give a PruneRule or its fields, not both (got {sorted(rule_fields)})")
         self.rule = rule if rule is not None else PruneRule.of(**rule_fields)
-        if isinstance(scorer, (str, os.PathLike)):
-            scorer = Scorer.load(scorer, device=device, precision=precision or DEFAULT_PRECISION)
+        if scorer is None or isinstance(scorer, (str, os.PathLike)):
+            scorer = Scorer.load(resolve_scorer(scorer and str(scorer)), device=device, precision=precision or DEFAULT_PRECISION)
         else:
             if precision is not None:
                 raise PruneError(f"precision={precision!r} is set when the scorer is loaded: pass the artifact "
@@ -216,6 +218,8 @@ class MemoryPruner:
             if device is not None:
                 scorer = scorer.to(device)
         self.scorer = scorer
+        if getattr(scorer, "config", None) is not None:  # a rule without a threshold takes the scorer's
+            self.rule = self.rule.with_default_threshold(scorer.config.threshold)
         where = str(getattr(scorer, "source", None) or "the scorer")
         try:
             self.calibrated, self.score_note = resolve_score_mode(score, getattr(scorer, "calibration", None) is not None, where)

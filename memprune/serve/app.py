@@ -204,11 +204,12 @@ class BatchedScorer:
 def scorer_identity(path: str, scorer: Any) -> dict[str, Any]:
     """What /healthz says about the scorer: artifact, fingerprint (its files' digests), calibration, precision."""
     from memprune.scorer import artifact_fingerprint
+    from memprune.scorers import card_identity
 
-    cal = scorer.calibration
-    return {"path": path, "fingerprint": artifact_fingerprint(scorer.source or path), "encoder": scorer.config.encoder,
-            "stage": scorer.config.stage, "seed": scorer.config.seed, "precision": scorer.precision,
-            "device": str(scorer.device),
+    local, cal = scorer.source or path, scorer.calibration
+    return {"path": path, **card_identity(local), "fingerprint": artifact_fingerprint(local),
+            "encoder": scorer.config.encoder, "stage": scorer.config.stage, "seed": scorer.config.seed,
+            "precision": scorer.precision, "device": str(scorer.device),
             "calibration": None if cal is None else {"method": cal.method,
                                                      "relevance_threshold": cal.relevance_threshold}}
 

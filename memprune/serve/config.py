@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from memprune.config import ConfigModel
 from memprune.precision import Precision, precision_field
+from memprune.scorers import ScorerRef, declared_threshold, scorer_field
 from memprune.decision import PruneRule
 from memprune.decision.updates import UPDATE_JUDGES, update_judge
 
@@ -50,7 +51,7 @@ class ServedStore(ConfigModel):
 class ServeConfig(ConfigModel):
     """`memprune serve`: one scorer, the stores clients may name, and the bounds of every request."""
 
-    scorer: str = Field(description="scorer artifact directory or URI (scorer.json + head.safetensors)")
+    scorer: ScorerRef = scorer_field()
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface; set a token first)")
     port: int = Field(8000, ge=1, le=65535)
     stores: dict[str, ServedStore] = Field(default_factory=dict,
@@ -99,6 +100,12 @@ class ServeConfig(ConfigModel):
             if not STORE_NAME.match(str(name)):
                 raise ValueError(f"store name {name!r}: letters, digits, '_' and '-' only (at most 64)")
         return {name: {"location": s} if isinstance(s, str) else s for name, s in v.items()}
+
+    @model_validator(mode="after")
+    def _scorer_threshold(self) -> "ServeConfig":
+        """The server's rule, where it sets no threshold, takes the scorer's (none for a shipped scorer)."""
+        self.rule = self.rule.with_default_threshold(declared_threshold(self.scorer))
+        return self
 
     @model_validator(mode="after")
     def _autoscaling(self) -> "ServeConfig":

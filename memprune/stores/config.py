@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 from memprune.config import ConfigModel
 from memprune.errors import MemPruneError
 from memprune.prune.config import PruneConfig, ScoringRuntime
+from memprune.scorers import ScorerRef, scorer_field
 
 FIELDS = ("id", "text", "group", "time", "pin")  # pin: optional, a boolean column / metadata key
 ApplyMode = Literal["none", "delete", "flag"]
@@ -85,7 +86,7 @@ class StorePruneConfig(PruneConfig):
 class ScoreConfig(ScoringRuntime):
     """`memprune score`: add the scorer's score (and calibrated score) to a store, deciding nothing."""
 
-    scorer: str = Field(description="scorer artifact directory")
+    scorer: ScorerRef = scorer_field()
     input: str = Field(description="KIND:LOCATION store (table, lance, mem0), or a bullets Parquet path")
     out: str = Field(description="output directory: scores.parquet, score.json, score.md")
     store: StoreOptions = Field(default_factory=StoreOptions)

@@ -23,9 +23,14 @@ from memprune.scorer import (
     LoraSettings,
     ScorerConfig,
     canonical_encoder,
+    read_scorer_config,
 )
+from memprune.scorers import SHIPPED, resolve_scorer
 from memprune.storage import canonical, is_uri, location
 from memprune.train.splits import SplitConfig
+
+
+INIT_FIELDS = ("encoder", "max_length", "normalize", "text_prefix", "head")  # what `init` takes from its artifact
 
 
 class TrainError(MemPruneError):
@@ -137,6 +142,9 @@ class TrainSettings(ConfigModel):
     normalize: bool = False
     text_prefix: str = ""
     head: HeadSettings = Field(default_factory=HeadSettings)
+    init: str | None = Field(None, description="start from a scorer: a shipped one's name (`default`) or a local "
+                             "artifact directory; its encoder, pooling and head shape are taken, its head is the vanilla "
+                             "baseline and where stage 1 starts, and calibration is refitted on these labels")
     split: SplitConfig = Field(default_factory=SplitConfig)
     stage1: OptimConfig = Field(
         default_factory=lambda: OptimConfig(epochs=60, lr=1e-3, batch_size=64, patience=6)
@@ -184,6 +192,31 @@ class TrainSettings(ConfigModel):
     @classmethod
     def _encoder(cls, v: str) -> str:
         return canonical_encoder(v)
+
+    @model_validator(mode="after")
+    def _init(self) -> "TrainSettings":
+        """`init`: the artifact's directory, and its encoder settings and head shape in place of these (a different
+        value set here is an error: the head could not start from the artifact's)."""
+        if self.init is None:
+            return self
+        self.init = resolve_scorer(self.init)
+        if is_uri(self.init) or not (Path(self.init) / "scorer.json").is_file():
+            raise ValueError(f"init: {self.init} is neither a shipped scorer ({', '.join(SHIPPED)}) nor a local "
+                             "scorer artifact directory (scorer.json + head.safetensors)")
+        try:
+            start = read_scorer_config(self.init)
+        except MemPruneError as exc:
+            raise ValueError(f"init: {exc}") from None
+        for key in INIT_FIELDS:
+            if key in self.model_fields_set and getattr(self, key) != getattr(start, key):
+                raise ValueError(f"{key}: {getattr(self, key)!r}, but init {self.init} has {getattr(start, key)!r}: "
+                                 f"leave {key} unset to start from it")
+            setattr(self, key, getattr(start, key))
+        return self
+
+    def init_head(self) -> bytes | None:
+        """The init artifact's head weights (safetensors bytes) where training starts from one."""
+        return None if self.init is None else (Path(self.init) / "head.safetensors").read_bytes()
 
     def weight_of(self, source: str) -> float:
         """The loss weight of a label row from `source`."""

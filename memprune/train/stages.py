@@ -33,6 +33,10 @@ class HeadModel:
         if embedding_dim is None:
             raise TrainError("stage1 needs embedding_dim")
         self.module = build_head(embedding_dim, scorer.head, seed).to(device)
+        if init_head is not None:  # `train --init`: the head starts from that scorer's
+            from safetensors.torch import load
+
+            self.module.load_state_dict(load(init_head))
         self.precision: Resolved = "fp32"  # what its passes run at
 
     def trainable_state(self) -> dict[str, Any]:
@@ -197,6 +201,10 @@ class StageSpec:
             "split": cfg.split.model_dump(mode="json"),
             "precision": cfg.precision,  # of the embeddings (vanilla, stage 1) or of stage 2's passes
         }
+        if cfg.init is not None:
+            from memprune.scorer import artifact_fingerprint
+
+            payload["init"] = artifact_fingerprint(cfg.init)
         if self.settings:
             payload.update({s: _settings_payload(getattr(cfg, s)) for s in self.settings})
             payload["loss"] = cfg.loss.model_dump(mode="json")

@@ -130,6 +130,8 @@ def _fit(cfg: TrainConfig, inputs: Inputs, spec: StageSpec, seeds: list[int], fp
                     f"holds no finished {spec.init_from} run for these data and settings: include {spec.init_from} "
                     "in --stages")
             init_heads[str(seed)] = base64.b64encode((init_dir / "head.safetensors").read_bytes()).decode("ascii")
+    elif spec.needs_embeddings and (start := cfg.init_head()) is not None:  # `--init`: a head stage starts there
+        init_heads = {str(seed): base64.b64encode(start).decode("ascii") for seed in seeds}
     storage = storage_path(cfg)
     name = f"{spec.name}-seed{'-'.join(map(str, seeds))}-{digest(sorted(fps.values()))[:12]}"
     workers = spec.workers(cfg)
@@ -213,11 +215,16 @@ def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int],
     facts: dict[str, Any] | None = None
     if pending and spec.trained:
         results, facts = _fit(cfg, inputs, spec, pending, fps, callbacks)
-    elif pending:  # the untrained baseline: the pretrained encoder + a head initialised from the seed
+    elif pending:  # the untrained baseline: the pretrained encoder + a head from the seed, or `--init`'s as it is
         if inputs.embedding_dim is None:
             raise TrainError(f"{stage} needs the encoder embeddings")
+        start = cfg.init_head()
         for seed in pending:
             head = build_head(inputs.embedding_dim, cfg.head, seed)
+            if start is not None:
+                from safetensors.torch import load
+
+                head.load_state_dict(load(start))
             results[seed] = ({f"head.{k}": v.detach().clone() for k, v in head.state_dict().items()}, None)
     run_s = time.perf_counter() - started
     epochs_s = {seed: sum(h.get("epoch_s", 0.0) for h in (results[seed][1] or {}).get("history", []))
