@@ -214,8 +214,8 @@ def check_scorer(path: str | os.PathLike[str]) -> dict[str, Any]:
         cal = load_calibration(local)
     except EncoderError as exc:
         raise ScorerError(str(exc)) from exc
-    return {"path": canonical(str(path)), **card_identity(local), "fingerprint": artifact_fingerprint(local), "encoder": sc.encoder,
-            "stage": sc.stage, "seed": sc.seed, "lora": sc.lora is not None, "max_length": sc.max_length,
+    return {"path": canonical(str(path)), **card_identity(local), "fingerprint": artifact_fingerprint(local),
+            "encoder": sc.encoder, "stage": sc.stage, "seed": sc.seed, "lora": sc.lora is not None, "max_length": sc.max_length,
             "calibration": None if cal is None else {"method": cal.method,
                                                      "relevance_threshold": cal.relevance_threshold}}
 

@@ -467,7 +467,7 @@ def scorers(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     for name, card in cards.items():
         lo, msc = card.get("locomo", {}), card["msc"]["test"]
         figures = ", ".join(f"{b} {100 * v:.1f}% ({100 * lo['lift_over_best_baseline'][b]:+.1f} points over the best "
-                            f"heuristic)" for b, v in lo.get("scorer", {}).items())
+                            f"heuristic)" for b, v in sorted(lo.get("scorer", {}).items(), reverse=True))
         console.print(f"[bold]{name}[/bold] version {card['version']}  encoder {card['encoder']}\n"
                       f"  labels: {card['labels']}\n  trained on: {card['data']['trained_on']}\n"
                       f"  question-evidence retention on LoCoMo: {figures or 'not measured'}\n"

@@ -177,9 +177,9 @@ class MemoryPruner:
     mappings with a 'text' key), merges duplicates, applies the rule's policy (`rule`, `budget`,
     `fraction`; floor, min-keep) and returns the kept ones in input order; `decisions` also says why
     each other bullet goes. `scorer` is a loaded `Scorer`, an artifact directory or a shipped scorer's name
-    (`memprune.scorers`; none: `default`); the rule is a
-    `PruneRule` or its fields as keywords (unset fields take the rule's defaults). `tokenizer` is the
-    token unit of the budget (as `memprune prune`'s). `precision` is that of the forward passes
+    (`memprune.scorers`; none: `default`); the rule is a `PruneRule` or its fields as keywords (unset fields take
+    the rule's defaults; an unset threshold, the scorer's: none for a shipped one). `tokenizer` is the token unit of
+    the budget (as `memprune prune`'s). `precision` is that of the forward passes
     (`auto`: bf16 on a CUDA device that supports it, else fp32), given with an artifact directory: a loaded
     `Scorer` keeps the precision it was loaded with (`Scorer.load(path, precision=...)`).
     `score` is the batch job's setting:
@@ -210,7 +210,8 @@ class MemoryPruner:
             raise PruneError(f"give a PruneRule or its fields, not both (got {sorted(rule_fields)})")
         self.rule = rule if rule is not None else PruneRule.of(**rule_fields)
         if scorer is None or isinstance(scorer, (str, os.PathLike)):
-            scorer = Scorer.load(resolve_scorer(scorer and str(scorer)), device=device, precision=precision or DEFAULT_PRECISION)
+            scorer = Scorer.load(resolve_scorer(scorer and os.fspath(scorer)), device=device,
+                                 precision=precision or DEFAULT_PRECISION)
         else:
             if precision is not None:
                 raise PruneError(f"precision={precision!r} is set when the scorer is loaded: pass the artifact "

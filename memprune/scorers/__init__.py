@@ -33,11 +33,10 @@ class Shipped:
 
     def card(self) -> dict[str, Any]:
         """The artifact's card.json (name, version, encoder, labels, data, figures)."""
-        path = self.directory / "card.json"
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise MemPruneError(f"{path}: the card of the shipped scorer {self.name!r} cannot be read: {exc}") from exc
+        card = read_card(self.directory)
+        if card is None:
+            raise MemPruneError(f"{self.directory}: the shipped scorer {self.name!r} has no card.json")
+        return card
 
 
 SHIPPED: dict[str, Shipped] = {s.name: s for s in [Shipped("default", HERE / "default")]}
@@ -50,7 +49,7 @@ def resolve_scorer(ref: str | None) -> str:
     return str(SHIPPED[ref].directory) if ref in SHIPPED else ref
 
 
-def shipped_card(path: str | Path) -> dict[str, Any] | None:
+def read_card(path: str | Path) -> dict[str, Any] | None:
     """The card of an artifact directory when it has one (shipped scorers do; `memprune scorers build` writes one)."""
     card = Path(path) / "card.json"
     if not card.is_file():
@@ -63,7 +62,7 @@ def shipped_card(path: str | Path) -> dict[str, Any] | None:
 
 def card_identity(local: str | Path) -> dict[str, Any]:
     """The name and version an artifact's card gives it (a shipped or built scorer); nulls for a trained run's."""
-    card = shipped_card(local) or {}
+    card = read_card(local) or {}
     return {"name": card.get("name"), "version": card.get("version")}
 
 

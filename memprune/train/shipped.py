@@ -3,10 +3,10 @@
 Labels: an MSC session's bullet *comes up again* when what comes later is close to it (cosine of the two MiniLM
 embeddings at least `label_threshold`): the follow-up question that opens the next session (MSC's human-written
 `followup` field, asked about an earlier fact), or a bullet of the same speaker in a later session. Only sessions
-that have a next session are labelled; about half of their bullets come up again, so a calibrated 0.5 (the prune
-rule's default threshold) splits the likely from the unlikely. The scorer is the installed MiniLM (frozen, L2-normalised mean pooling) and a logistic head
-(`head.hidden: 0`), fitted by scikit-learn with L2 penalty `c` on the training episodes; its calibration is fitted on
-the calibration episodes and its MSC figures are measured on the test episodes (a seeded split by episode).
+that have a next session are labelled; about half of their bullets come up again. The scorer is the installed
+MiniLM (frozen, L2-normalised mean pooling) and a logistic head (`head.hidden: 0`), fitted by scikit-learn with L2
+penalty `c` on the training episodes; its calibration is fitted on the calibration episodes and its MSC figures are
+measured on the test episodes (a seeded split by episode).
 
 LoCoMo (CC BY-NC 4.0) never trains the artifact: with `locomo` set, the recipe measures on it what a decision keeps
 of the observations that later questions cite, beside the heuristic baselines and the probe the issue names (a
@@ -158,40 +158,47 @@ def locomo_figures(scorer: Scorer, path: str, seed: int) -> dict[str, Any]:
     ours = {f"q={q}": retention(frame, raw, q) for q in BUDGETS}
     baselines = baseline_retention(frame, BUDGETS, seed=seed)
     return {"data": str(path), "conversations": int(len(set(conv))), "observations": int(len(frame)),
-            "cited": int(y.sum()), "scorer": ours, "baselines": baselines, "lift_over_best_baseline": lift(ours, baselines),
+            "cited": int(y.sum()), "scorer": ours, "baselines": baselines,
+            "lift_over_best_baseline": lift(ours, baselines),
             "probe_loco": {f"q={q}": retention(frame, probe, q) for q in BUDGETS}}
+
+
+def msc_figures(frame: pd.DataFrame, raw: np.ndarray, cosine: np.ndarray, label: np.ndarray, part: np.ndarray,
+                calibrated: np.ndarray) -> dict[str, Any]:
+    """The MSC half of the card: counts, the split, and the test episodes' AUC, ECE and session Spearman."""
+    test = part == 2
+    sessions = frame[test].assign(s=raw[test], c=cosine[test]).groupby(["conversation_id", "session_index"])
+    y = label[test].astype(float)
+    return {"bullets": int(len(frame)), "comes_up_again_share": float(label.mean()),
+            "episodes": {name: int(frame["conversation_id"][part == i].nunique())
+                         for i, name in enumerate(("train", "calibration", "test"))},
+            "test": {"auc": roc_auc(label[test], raw[test]), "ece_calibrated": ece(calibrated, y),
+                     "ece_raw": ece(raw[test], y),
+                     "session_spearman_vs_label_cosine": float(np.nanmean([session_spearman(g["c"], g["s"])
+                                                                           for _, g in sessions]))}}
 
 
 def run(cfg: ShippedRecipe) -> dict[str, Any]:
     """Build the artifact at `cfg.out` (scorer.json, head.safetensors, calibration.json, card.json, card.md)."""
     start = time.monotonic()
-    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    if out.exists() and not (out / "card.json").is_file():
+        raise RecipeError(f"{out}: exists and is not a built scorer (no card.json): choose another out")
     frame, followups, rejects = msc_frame(cfg)
-    scorer = Scorer.build(ScorerConfig(normalize=True, head=HeadSettings(hidden=0, dropout=0.0), stage="shipped",
-                                       threshold=None),
-                          seed=cfg.seed)
+    config = ScorerConfig(normalize=True, head=HeadSettings(hidden=0, dropout=0.0), stage="shipped", threshold=None)
+    scorer = Scorer.build(config, seed=cfg.seed)
     print(f"memprune scorers build: embedding {len(frame)} MSC bullets and their follow-ups", flush=True)
     emb = scorer.embed(frame["text"].tolist())
-    keys = sorted({k for k, on in zip(zip(frame["conversation_id"], frame["session_index"]), frame["labelled"]) if on})
-    followup = dict(zip(keys, scorer.embed([followups[k] for k in keys])))
-    cosine_all = comes_up_again(frame, emb, followup)
-    frame, emb, cosine = frame[frame["labelled"]].reset_index(drop=True), emb[frame["labelled"].to_numpy()], \
-        cosine_all[frame["labelled"].to_numpy()]
+    on = frame["labelled"].to_numpy()
+    keys = sorted(set(zip(frame["conversation_id"][on], frame["session_index"][on])))
+    cosine = comes_up_again(frame, emb, dict(zip(keys, scorer.embed([followups[k] for k in keys]))))[on]
+    frame, emb = frame[on].reset_index(drop=True), emb[on]
     label = cosine >= cfg.label_threshold
     part = split_episodes(frame["conversation_id"].to_numpy(), cfg)
     fit_head(scorer, emb[part == 0], label[part == 0], cfg.c)
     raw = scorer.score_embeddings(emb)
-    cal, test = part == 1, part == 2
-    scorer.calibration = fit_calibration(raw[cal], label[cal].astype(float), groups=frame["conversation_id"][cal].to_numpy(),
-                                         seed=cfg.seed)
-    calibrated = scorer.calibrate(raw[test])
-    sessions = frame[test].assign(s=raw[test], c=cosine[test]).groupby(["conversation_id", "session_index"])
-    spearman = np.nanmean([session_spearman(g["c"], g["s"]) for _, g in sessions])
-    msc = {"bullets": int(len(frame)), "episodes": {name: int(frame["conversation_id"][part == i].nunique())
-                                                    for i, name in enumerate(("train", "calibration", "test"))},
-           "comes_up_again_share": float(label.mean()), "rejects": rejects,
-           "test": {"auc": roc_auc(label[test], raw[test]), "ece_calibrated": ece(calibrated, label[test].astype(float)),
-                    "ece_raw": ece(raw[test], label[test].astype(float)), "session_spearman_vs_label_cosine": float(spearman)}}
+    scorer.calibration = fit_calibration(raw[part == 1], label[part == 1].astype(float), seed=cfg.seed,
+                                         groups=frame["conversation_id"][part == 1].to_numpy())
     card: dict[str, Any] = {
         "name": cfg.name, "version": cfg.version, "encoder": scorer.config.encoder,
         "labels": f"comes up again (MSC): the follow-up question that opens the next session, or a later session's "
@@ -200,15 +207,13 @@ def run(cfg: ShippedRecipe) -> dict[str, Any]:
             "MSC": "released by Meta AI with ParlAI (MIT-licensed code); the data states no licence of its own: check "
                    "its terms for your use",
             "LoCoMo": "CC BY-NC 4.0: measured on, never trained on; the artifact holds nothing of it"}},
-        "recipe": cfg.model_dump(exclude={"out"}), "msc": msc,
+        "recipe": cfg.model_dump(exclude={"out"}),
+        "msc": {**msc_figures(frame, raw, cosine, label, part, scorer.calibrate(raw[part == 2])), "rejects": rejects},
     }
     if cfg.locomo:
         print(f"memprune scorers build: measuring question-evidence retention on {cfg.locomo}", flush=True)
         card["locomo"] = locomo_figures(scorer, cfg.locomo, cfg.seed)
     card["build_seconds"] = round(time.monotonic() - start, 1)
-    out = Path(cfg.out)
-    if out.exists() and not (out / "card.json").is_file():
-        raise RecipeError(f"{out}: exists and is not a built scorer (no card.json): choose another out")
     tmp = out.parent / temp_name(out.name)
     try:
         scorer.save(tmp)
@@ -231,17 +236,21 @@ def card_markdown(card: dict[str, Any]) -> str:
     t = card["msc"]["test"]
     lines = [f"# Scorer `{card['name']}` version {card['version']}", "", f"- encoder: {card['encoder']}",
              f"- labels: {card['labels']}", f"- trained on: {card['data']['trained_on']}",
-             f"- MSC test episodes: AUC {t['auc']:.3f}, ECE calibrated {t['ece_calibrated']:.3f} (raw {t['ece_raw']:.3f}), "
-             f"session Spearman vs the label's cosine {t['session_spearman_vs_label_cosine']:.3f}", ""]
+             f"- MSC test episodes: AUC {t['auc']:.3f}, ECE calibrated {t['ece_calibrated']:.3f} "
+             f"(raw {t['ece_raw']:.3f}), session Spearman vs the label's cosine "
+             f"{t['session_spearman_vs_label_cosine']:.3f}", ""]
     if "locomo" in card:
         lo = card["locomo"]
-        budgets = list(lo["scorer"])
+        budgets = sorted(lo["scorer"], reverse=True)
+
+        def row(name: str, shares: dict[str, float]) -> str:
+            return f"| {name} | " + " | ".join(_pct(shares[b]) for b in budgets) + " |"
+
+        lift_row = " | ".join(f"{100 * lo['lift_over_best_baseline'][b]:+.1f} points" for b in budgets)
         lines += [f"Question-evidence retention on {lo['conversations']} LoCoMo conversations ({lo['cited']} of "
                   f"{lo['observations']} observations cited):", "", "| decision | " + " | ".join(budgets) + " |",
-                  "|---|" + "---|" * len(budgets), f"| **{card['name']}** | " + " | ".join(_pct(lo["scorer"][b]) for b in budgets) + " |"]
-        lines += [f"| {name} | " + " | ".join(_pct(v[b]) for b in budgets) + " |" for name, v in lo["baselines"].items()]
-        lines += ["| probe on LoCoMo's own labels (leave one conversation out) | "
-                  + " | ".join(_pct(lo["probe_loco"][b]) for b in budgets) + " |",
-                  "| lift over the best baseline | " + " | ".join(f"{100 * lo['lift_over_best_baseline'][b]:+.1f} points"
-                                                             for b in budgets) + " |", ""]
+                  "|---|" + "---|" * len(budgets), row(f"**{card['name']}**", lo["scorer"]),
+                  *(row(name, v) for name, v in lo["baselines"].items()),
+                  row("probe on LoCoMo's own labels (leave one conversation out)", lo["probe_loco"]),
+                  f"| lift over the best baseline | {lift_row} |", ""]
     return "\n".join(lines)
