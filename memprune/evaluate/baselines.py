@@ -9,7 +9,8 @@ each:
 - `longest`: the longest text first;
 - `most digits`: the text with most digits first (numbers, dates, times);
 - `first in session`: the bullet whose evidence comes earliest in the session first;
-- `newest`: the bullet whose evidence comes latest first.
+- `newest`: the bullet whose evidence comes latest first (a bullet with several evidence turns is placed by its
+  earliest one, as for `first in session`; a bullet without a turn position comes last in both).
 """
 
 from __future__ import annotations
