@@ -24,13 +24,13 @@ import pandas as pd
 
 from memprune.decision.ranking import rank_within_groups
 
-TURN = re.compile(r":t([0-9]+)$")
+TURN_SUFFIX = re.compile(r":t(\d+)$")  # a turn id's position in its session (schema.turn_id)
 BUDGETS = (0.4, 0.2)
 
 
 def evidence_position(evidence: list[str]) -> float:
     """The earliest turn index a bullet's evidence names (inf when none parses)."""
-    found = [int(m.group(1)) for e in evidence if (m := TURN.search(str(e)))]
+    found = [int(m.group(1)) for e in evidence if (m := TURN_SUFFIX.search(str(e)))]
     return float(min(found)) if found else math.inf
 
 

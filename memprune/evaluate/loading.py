@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from memprune import stages as registry
 from memprune.encoders import DEFAULT_ENCODER
-from memprune.evaluate.baselines import HEURISTICS
+from memprune.evaluate.baselines import HEURISTICS, TURN_SUFFIX
 from memprune.evaluate.config import SPLIT_ALIASES, EvaluationError
 from memprune.io import read_table
 from memprune.rejects import Ledger
@@ -37,7 +37,6 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("bullet_id", "split", "label", "score", "co
 SEED_DIR = re.compile(r"^seed(\d+)$")
 FOLD_DIR = re.compile(r"^fold(\d+)$")
 FOLD_MANIFEST = "fold.json"
-TURN_SUFFIX = re.compile(r":t(\d+)$")
 
 
 def stage_sort_key(stage: str) -> tuple[int, str]:

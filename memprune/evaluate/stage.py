@@ -137,10 +137,12 @@ def _evaluate_seed(df: pd.DataFrame, config: EvalSettings, corpus: Corpus | None
             cited, recency_rank, random_keep = _qa_inputs(df, config, corpus, qa_cache)
     result["classification"] = M.classification_metrics(
         df["label"].to_numpy(), df["score"].to_numpy(), config.relevance_threshold, cited)
-    heuristic_ranks = None if cited is None else {
-        name: rank_within_groups(df["bullet_id"].map(h).fillna(-np.inf).to_numpy(dtype=np.float64),
-                                 group_codes(df["session"].to_numpy()), order=df["position"].to_numpy())
-        for name, h in corpus.heuristics.items()}
+    heuristic_ranks = None
+    if cited is not None:
+        codes = group_codes(df["session"].to_numpy())
+        heuristic_ranks = {name: rank_within_groups(df["bullet_id"].map(h).fillna(-np.inf).to_numpy(dtype=np.float64),
+                                                    codes, order=df["position"].to_numpy())
+                           for name, h in corpus.heuristics.items()}
     result["pruning"] = pruning_view(df, config, tokens, cited, recency_rank, random_keep, heuristic_ranks)
     return result, sessions
 

@@ -85,9 +85,8 @@ def declared_threshold(ref: str | Path) -> float | None:
 ScorerRef = Annotated[str, BeforeValidator(resolve_scorer)]
 
 
-def scorer_field(description: str = "") -> Any:
+def scorer_field() -> Any:
     """The `scorer` field of a config: a shipped scorer's name or an artifact directory/URI, `default` when unset."""
-    names = ", ".join(SHIPPED)
     return Field(DEFAULT_SCORER, validate_default=True,
-                 description=f"scorer: a shipped one by name ({names}) or an artifact directory or URI "
-                             f"(scorer.json + head.safetensors){description}")
+                 description=f"scorer: a shipped one by name ({', '.join(SHIPPED)}) or an artifact directory or URI "
+                             "(scorer.json + head.safetensors)")

@@ -219,12 +219,14 @@ def run_stage(cfg: TrainConfig, inputs: Inputs, stage: str, seeds: list[int],
         if inputs.embedding_dim is None:
             raise TrainError(f"{stage} needs the encoder embeddings")
         start = cfg.init_head()
+        if start is not None:
+            from safetensors.torch import load
+
+            start = load(start)
         for seed in pending:
             head = build_head(inputs.embedding_dim, cfg.head, seed)
             if start is not None:
-                from safetensors.torch import load
-
-                head.load_state_dict(load(start))
+                head.load_state_dict(start)
             results[seed] = ({f"head.{k}": v.detach().clone() for k, v in head.state_dict().items()}, None)
     run_s = time.perf_counter() - started
     epochs_s = {seed: sum(h.get("epoch_s", 0.0) for h in (results[seed][1] or {}).get("history", []))
